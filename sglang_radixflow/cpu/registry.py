@@ -1,0 +1,40 @@
+"""What each op family provides, gathered from the families' light `__init__` tables (strings, resolved lazily)."""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+# Families in resolution order; each package's __init__ defines SGL_KERNEL and POST_IMPORT (see cpu/kv/__init__.py).
+FAMILIES: tuple[str, ...] = (
+    "sglang_radixflow.cpu.kv",
+    "sglang_radixflow.cpu.mamba2",
+    "sglang_radixflow.cpu.gdn",
+)
+
+
+def sgl_kernel_symbols() -> dict[str, dict[str, str]]:
+    """{submodule ('' = top level, 'mamba' = sgl_kernel.mamba): {name: 'module:attr'}}."""
+    merged: dict[str, dict[str, str]] = {}
+    for family in FAMILIES:
+        table: dict[str, dict[str, str]] = importlib.import_module(family).SGL_KERNEL
+        for sub, names in table.items():
+            clash = set(merged.get(sub, {})) & set(names)
+            assert not clash, f"{family} redefines sgl_kernel symbols {sorted(clash)}"
+            merged.setdefault(sub, {}).update(names)
+    return merged
+
+
+def post_import_patches() -> dict[str, list[str]]:
+    """{SGLang module name: ['module:function', ...]} run right after that module is first imported."""
+    merged: dict[str, list[str]] = {}
+    for family in FAMILIES:
+        table: dict[str, str | list[str]] = importlib.import_module(family).POST_IMPORT
+        for target, patch in table.items():
+            merged.setdefault(target, []).extend([patch] if isinstance(patch, str) else patch)
+    return merged
+
+
+def resolve(ref: str) -> Callable:
+    import pkgutil
+
+    return pkgutil.resolve_name(ref)
