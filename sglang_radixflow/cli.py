@@ -1,0 +1,37 @@
+"""`radixflow` command line: make-model, serve-args, demo (bench / report arrive with the bench issue)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def _cmd_make_model(args: argparse.Namespace) -> int:
+    from sglang_radixflow.models import make_model
+
+    path = make_model(args.arch, args.out, seed=args.seed)
+    print(f"wrote {args.arch} (seed {args.seed}) to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sglang_radixflow.models import ARCHS
+
+    parser = argparse.ArgumentParser(prog="radixflow", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    mm = sub.add_parser("make-model", help="write a tiny random-initialised model + tokenizer")
+    mm.add_argument("--arch", required=True, choices=ARCHS)
+    mm.add_argument("--out", required=True, help="output directory")
+    mm.add_argument("--seed", type=int, default=0)
+    mm.set_defaults(func=_cmd_make_model)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
