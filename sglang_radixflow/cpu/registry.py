@@ -24,6 +24,14 @@ def sgl_kernel_symbols() -> dict[str, dict[str, str]]:
     return merged
 
 
+def unsupported_symbols() -> dict[str, str]:
+    """{top-level sgl_kernel name: feature} for names exported only so that SGLang's module imports succeed."""
+    merged: dict[str, str] = {}
+    for family in FAMILIES:
+        merged.update(getattr(importlib.import_module(family), "UNSUPPORTED", {}))
+    return merged
+
+
 def post_import_patches() -> dict[str, list[str]]:
     """{SGLang module name: ['module:function', ...]} run right after that module is first imported."""
     merged: dict[str, list[str]] = {}

@@ -14,9 +14,25 @@ from sglang_radixflow.cpu import registry
 STANDIN_MARKER = "__radixflow_cpu_standin__"
 
 
-def _lazy_getattr(module_name: str, table: dict[str, str]) -> Callable[[str], object]:
+def _unsupported(name: str, feature: str) -> Callable[..., object]:
+    def op(*_args: object, **_kwargs: object) -> object:
+        raise NotImplementedError(
+            f"sgl_kernel.{name} is not provided by the sglang-radixflow CPU runtime ({feature} is not supported on CPU)"
+        )
+
+    op.__name__ = name
+    return op
+
+
+def _lazy_getattr(
+    module_name: str, table: dict[str, str], unsupported: dict[str, str] | None = None
+) -> Callable[[str], object]:
+    unsupported = unsupported or {}
+
     def __getattr__(name: str) -> object:
         ref = table.get(name)
+        if ref is None and name in unsupported:
+            return _unsupported(name, unsupported[name])
         if ref is None:
             raise AttributeError(
                 f"module {module_name!r} (sglang-radixflow CPU stand-in) has no attribute {name!r}; "
@@ -33,7 +49,7 @@ def _submodule(parent: types.ModuleType, sub: str, table: dict[str, str]) -> typ
     full = f"{parent.__name__}.{sub}"
     mod = types.ModuleType(full, f"sglang-radixflow CPU stand-in for {full}")
     mod.__path__ = []  # type: ignore[attr-defined]
-    mod.__getattr__ = _lazy_getattr(full, table)  # type: ignore[attr-defined]
+    mod.__getattr__ = _lazy_getattr(full, table)
     setattr(mod, STANDIN_MARKER, True)
     sys.modules[full] = mod
     setattr(parent, sub, mod)
@@ -50,7 +66,9 @@ def become_standin(module: types.ModuleType) -> None:
     module.__file__ = __file__
     setattr(module, STANDIN_MARKER, True)
     symbols = registry.sgl_kernel_symbols()
-    module.__getattr__ = _lazy_getattr(module.__name__, symbols.get("", {}))  # type: ignore[attr-defined]
+    module.__getattr__ = _lazy_getattr(  # type: ignore[attr-defined]
+        module.__name__, symbols.get("", {}), registry.unsupported_symbols()
+    )
     for sub, table in symbols.items():
         if sub:
             _submodule(module, sub, table)

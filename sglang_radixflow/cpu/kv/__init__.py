@@ -11,3 +11,14 @@ SGL_KERNEL: dict[str, dict[str, str]] = {
     },
 }
 POST_IMPORT: dict[str, str | list[str]] = {}
+
+# Imported at module level on SGLang's CPU path but used only by features this runtime does not support:
+# the stand-in exports a function that raises NotImplementedError naming the feature when called.
+UNSUPPORTED: dict[str, str] = {
+    name: "speculative decoding"
+    for name in (
+        "build_tree_kernel_efficient_cpu", "verify_tree_greedy_cpu", "fill_accept_out_cache_loc_cpu",
+        "fill_bonus_tokens_cpu", "rotate_input_ids_cpu", "assign_draft_cache_locs_contiguous_cpu",
+        "assign_extend_cache_locs_cpu", "build_draft_decode_metadata_cpu",
+    )
+}

@@ -1,0 +1,191 @@
+"""Start and stop real SGLang servers (tests, demo, bench): free localhost port, CPU flags, health wait, log capture.
+
+A server is stopped by the PID of the process group we started (never by name), and its whole process tree
+(scheduler, detokenizer) goes with it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from sglang_radixflow.models import HYBRID_ARCHS, model_arch
+
+# What SGLang 0.5.23 needs on a CPU-only machine (shared/notes/sglang-cpu.md): the CPU engine, torch-native
+# attention, no CUDA graphs, a sleeping idle loop (a spinning one starves torch on 2 cores), small fixed pools.
+CPU_FLAGS: tuple[str, ...] = (
+    "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--sleep-on-idle",
+    "--mem-fraction-static", "0.05",
+)
+# Hybrids on CPU: only no_buffer works, and it needs overlap off; a bounded state pool (else sized from RAM).
+HYBRID_CPU_FLAGS: tuple[str, ...] = (
+    "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--max-mamba-cache-size", "256",
+)
+
+
+def cpu_server_flags(arch: str, max_total_tokens: int = 8192) -> list[str]:
+    flags = [*CPU_FLAGS, "--max-total-tokens", str(max_total_tokens)]
+    if arch in HYBRID_ARCHS:
+        flags += HYBRID_CPU_FLAGS
+    return flags
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def on_cpu() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch comes with sglang
+        return True
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class SGLangServer:
+    """One `python -m sglang.launch_server` process group. Use as a context manager or call start()/stop()."""
+
+    model_path: str
+    radix_cache: Optional[str] = "radixflow"  # None: SGLang's default cache
+    extra_args: Sequence[str] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_path: Optional[Path] = None
+    port: int = 0
+    startup_timeout_s: float = 300.0
+    cpu: Optional[bool] = None  # None: CPU flags when no GPU is visible
+    proc: Optional[subprocess.Popen] = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        if not Path(self.model_path).is_dir():
+            raise FileNotFoundError(f"model path {self.model_path!r} does not exist (make one: radixflow make-model)")
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(Path(self.model_path).resolve()),
+               "--host", "127.0.0.1", "--port", str(self.port)]
+        use_cpu = on_cpu() if self.cpu is None else self.cpu
+        if use_cpu:
+            cmd += cpu_server_flags(model_arch(self.model_path))
+        if self.radix_cache:
+            cmd += ["--radix-cache-backend", self.radix_cache]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> "SGLangServer":
+        assert self.proc is None, "already started"
+        if not self.port:
+            self.port = free_port()
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkstemp(prefix="sglang-server-", suffix=".log")[1])
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **os.environ, **self.env}
+        if self.cpu is not False and on_cpu():
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+        log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            cwd=tempfile.gettempdir(),  # a package-named folder in cwd would shadow the installed package
+        )
+        log.close()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"SGLang server exited with code {self.proc.returncode}; log tail:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"SGLang server not healthy after {self.startup_timeout_s:.0f}s; log tail:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the process group we created, then SIGKILL it if it lingers."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if not _group_alive(pgid):
+                break
+        self.proc = None
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- tiny HTTP client helpers (requests-free so the core package needs nothing extra) ----
+    def post(self, path: str, payload: Mapping[str, Any], timeout: float = 300.0) -> Any:
+        data = json.dumps(payload).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            raise ServerError(f"POST {path} -> HTTP {err.code}: {err.read().decode(errors='replace')}") from err
+
+    def get(self, path: str, timeout: float = 60.0) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+            body = resp.read()
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError:
+            return body.decode(errors="replace")
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int = 8, **extra: Any) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **extra.pop("sampling", {})},
+            **extra,
+        }
+        return self.post("/generate", payload)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,82 @@
+"""FULL and MAMBA tree components that stamp what they publish and refuse what is not yet published.
+
+The stamp lives in `ComponentData.metadata[PUB_ROUND]` (a free dict SGLang keeps per node and component).
+Invariant: along any root-to-leaf path FULL stamps never decrease (a child is inserted after its parent; a split's
+new parent inherits the child's stamp), so a valid deep node implies valid ancestors and the KV prefix it covers.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional
+
+from sglang.srt.mem_cache.unified_cache.components.full import FullComponent
+from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeNode
+
+    from sglang_radixflow.cache.clock import RoundClock
+
+PUB_ROUND = "radixflow_pub_round"
+
+
+def stamp_of(node: "UnifiedTreeNode", component_type: object) -> Optional[int]:
+    return node.component_data[component_type].metadata.get(PUB_ROUND)
+
+
+def _clock(component: object) -> "RoundClock":
+    clock = getattr(component.cache, "rf_clock", None)  # type: ignore[attr-defined]
+    assert clock is not None, "radixflow components must belong to a RadixFlowCache"
+    return clock
+
+
+def _published_validator(
+    base: Callable[["UnifiedTreeNode"], bool], component_type: object, clock: "RoundClock"
+) -> Callable[["UnifiedTreeNode"], bool]:
+    def valid(node: "UnifiedTreeNode") -> bool:
+        return base(node) and clock.is_published(stamp_of(node, component_type))
+
+    return valid
+
+
+class RadixFlowFullComponent(FullComponent):
+    """FULL KV: a path node is a usable match only once the round that computed it has ended."""
+
+    def create_match_validator(self, match_device_only: bool = False) -> Callable[["UnifiedTreeNode"], bool]:
+        return _published_validator(super().create_match_validator(match_device_only), self.component_type, _clock(self))
+
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:  # noqa: ANN001
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        # New KV nodes of this insert form the unstamped bottom of the path (stamps are monotone from the root).
+        stamp = _clock(self).last_launched()
+        root = self.tree_core.root_node
+        while node is not None and node is not root and stamp_of(node, self.component_type) is None:
+            node.component_data[self.component_type].metadata[PUB_ROUND] = stamp
+            node = node.parent
+
+    def redistribute_on_node_split(self, new_parent: "UnifiedTreeNode", child: "UnifiedTreeNode") -> None:
+        super().redistribute_on_node_split(new_parent, child)
+        stamp = stamp_of(child, self.component_type)
+        if stamp is not None:  # the prefix was published together with the child it is cut from
+            new_parent.component_data[self.component_type].metadata[PUB_ROUND] = stamp
+
+
+class RadixFlowMambaComponent(MambaComponent):
+    """MAMBA state snapshots: stamped when committed to a node, usable from the next round on."""
+
+    def create_match_validator(self, match_device_only: bool = False) -> Callable[["UnifiedTreeNode"], bool]:
+        return _published_validator(super().create_match_validator(match_device_only), self.component_type, _clock(self))
+
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:  # noqa: ANN001
+        ct = self.component_type
+        before = node.component_data[ct].value
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        after = node.component_data[ct].value
+        # SGLang keeps an existing state (result.mamba_exist) and frees the new one: the old stamp stays valid.
+        if after is not None and after is not before:
+            node.component_data[ct].metadata[PUB_ROUND] = _clock(self).last_launched()
+
+    def redistribute_on_node_split(self, new_parent: "UnifiedTreeNode", child: "UnifiedTreeNode") -> None:
+        super().redistribute_on_node_split(new_parent, child)
+        # SGLang leaves the prefix node without a state; it must not inherit a stamp either.
+        assert new_parent.component_data[self.component_type].value is None, "SGLang changed split semantics"
+        new_parent.component_data[self.component_type].metadata.pop(PUB_ROUND, None)

@@ -1,0 +1,67 @@
+"""RadixFlowCache: SGLang's UnifiedRadixCache on the Python tree core, with published-round stamps and ĥ / h.
+
+For every match made on behalf of a request it records
+- ĥ (`req.rf_token_hit`): the token-level FULL-KV match the index finds (`MatchResult.full_kv_hit_length`);
+- h  (`req.rf_state_hit`): the state-ready match, the deepest node where every component is present AND was
+  published before the round being scheduled (`MatchResult.device_prefix_len` under our validators).
+On full-attention models h = ĥ; on hybrids ĥ > h whenever the state at the matched boundary is missing. Everything
+else is SGLang's own behaviour, unchanged.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.unified_cache.components import ComponentType
+from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+from sglang_radixflow.cache.clock import RoundClock
+from sglang_radixflow.cache.components import RadixFlowFullComponent, RadixFlowMambaComponent
+
+# Our component hooks run only on SGLang's Python tree core (the Rust core calls none of them).
+PYTHON_TREE_CORE = "python"
+REQ_TOKEN_HIT = "rf_token_hit"
+REQ_STATE_HIT = "rf_state_hit"
+
+
+def prepare_params(params: CacheInitParams) -> CacheInitParams:
+    """Install our components and force the Python tree core (in place, before the cache is built)."""
+    override: dict[Any, Any] = dict(params.component_registry_override or {})
+    for ct, cls in ((ComponentType.FULL, RadixFlowFullComponent), (ComponentType.MAMBA, RadixFlowMambaComponent)):
+        existing = override.get(ct)
+        assert existing is None or issubclass(cls, existing), (
+            f"another {ct} component ({existing}) is already installed; radixflow cannot combine with it"
+        )
+        override[ct] = cls
+    params.component_registry_override = override
+    params.tree_core_backend = PYTHON_TREE_CORE
+    return params
+
+
+class RadixFlowCache(UnifiedRadixCache):
+    def __init__(self, params: CacheInitParams) -> None:
+        self.rf_clock = RoundClock()  # components read it from their first match on
+        prepare_params(params)
+        super().__init__(params)
+        assert self._tree_core_backend == PYTHON_TREE_CORE, self._tree_core_backend
+        for ct, cls in ((ComponentType.FULL, RadixFlowFullComponent), (ComponentType.MAMBA, RadixFlowMambaComponent)):
+            if ct in self.components:
+                assert isinstance(self.components[ct], cls), f"{ct} component is {type(self.components[ct])}"
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        result = super().match_prefix(params)
+        if params.req is not None:
+            setattr(params.req, REQ_TOKEN_HIT, int(result.full_kv_hit_length))
+            setattr(params.req, REQ_STATE_HIT, int(result.device_prefix_len))
+        return result
+
+
+def token_hit(req: object) -> int:
+    """ĥ of the request's last match (0 before any match)."""
+    return int(getattr(req, REQ_TOKEN_HIT, 0))
+
+
+def state_hit(req: object) -> int:
+    """h of the request's last match (0 before any match)."""
+    return int(getattr(req, REQ_STATE_HIT, 0))

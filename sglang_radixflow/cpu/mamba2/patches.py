@@ -1,0 +1,67 @@
+"""Post-import patch of SGLang's Mamba-2 mixer module: binds the torch ops where its CPU branch binds nothing.
+
+`sglang/srt/layers/attention/mamba/mamba.py` imports causal_conv1d only under is_cuda/is_npu/is_xpu, and takes
+`mamba_chunk_scan_combined` / `selective_state_update` from the Triton package (whose kernels fail on CPU).
+`MambaMixer2.forward` looks all of them up as module globals at call time, so setting the globals is enough.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Callable
+
+MAMBA_MODULE = "sglang.srt.layers.attention.mamba.mamba"
+
+# Module globals that MambaMixer2.forward reads, and what we bind them to.
+_CONV_NAMES = ("causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_fn_triton", "causal_conv1d_update_triton")
+_SSD_NAMES = ("mamba_chunk_scan_combined", "selective_state_update")
+
+
+def _params(fn: Callable) -> set[str]:
+    return {
+        name
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    }
+
+
+def _assert_covers(ours: Callable, theirs: Callable) -> None:
+    missing = _params(theirs) - _params(ours)
+    assert not missing, (
+        f"SGLang's {theirs.__module__}.{theirs.__qualname__} takes {sorted(missing)}, which the CPU stand-in "
+        f"{ours.__module__}.{ours.__qualname__} does not: update sglang_radixflow/cpu/mamba2"
+    )
+
+
+def patch_mamba_mixer2(module: types.ModuleType) -> None:
+    from sglang.kernels.ops.mamba import causal_conv1d_triton as conv_triton
+    from sglang.kernels.ops.mamba.triton_ops import ssd_combined, ssu_dispatch
+    from sglang.srt.layers.attention.mamba import causal_conv1d as conv_cuda
+
+    from sglang_radixflow.cpu.mamba2 import conv, ssd
+
+    # The CPU branch of mamba.py binds no causal conv; if it ever does, this patch must be revisited.
+    for name in _CONV_NAMES:
+        assert not hasattr(module, name), f"{MAMBA_MODULE}.{name} is bound on CPU now; revisit the mamba2 patch"
+    assert module.mamba_chunk_scan_combined is ssd_combined.mamba_chunk_scan_combined, module.mamba_chunk_scan_combined
+    assert module.selective_state_update is ssu_dispatch.selective_state_update, module.selective_state_update
+    used = set(module.MambaMixer2.forward.__code__.co_names)
+    assert used >= {"causal_conv1d_fn", "causal_conv1d_update", *_SSD_NAMES}, sorted(used)
+
+    # Our functions accept every argument SGLang's implementations do (an upgrade adding one fails here).
+    _assert_covers(conv.causal_conv1d_fn, conv_cuda.causal_conv1d_fn)
+    _assert_covers(conv.causal_conv1d_update, conv_cuda.causal_conv1d_update)
+    _assert_covers(conv.causal_conv1d_fn_triton_order, conv_triton.causal_conv1d_fn)
+    _assert_covers(conv.causal_conv1d_update, conv_triton.causal_conv1d_update)
+    _assert_covers(ssd.mamba_chunk_scan_combined, ssd_combined.mamba_chunk_scan_combined)
+    _assert_covers(ssd.selective_state_update, ssu_dispatch.selective_state_update)
+    assert conv.PAD_SLOT_ID == conv_triton.PAD_SLOT_ID
+
+    module.causal_conv1d_fn = conv.causal_conv1d_fn
+    module.causal_conv1d_update = conv.causal_conv1d_update
+    # Used when use_triton_causal_conv (page-major layout, or a model forcing it): ours index through torch,
+    # so strided state views are fine.
+    module.causal_conv1d_fn_triton = conv.causal_conv1d_fn_triton_order
+    module.causal_conv1d_update_triton = conv.causal_conv1d_update
+    module.mamba_chunk_scan_combined = ssd.mamba_chunk_scan_combined
+    module.selective_state_update = ssd.selective_state_update

@@ -1,0 +1,78 @@
+"""The only place that touches SGLang's extension doors (entry point group `sglang.srt.plugins`).
+
+`register()` runs in every SGLang process (main, scheduler, detokenizer, DP controller) and may run several times in
+one; it is idempotent and imports nothing heavy. SGLang only *logs* plugin exceptions, so when our set-up fails we
+still register the backend, with a factory that re-raises the real cause: a server started with
+`--radix-cache-backend radixflow` then dies with that cause instead of a later "not registered".
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+    from sglang.srt.mem_cache.registry import TreeCacheBuildContext
+
+logger = logging.getLogger("sglang_radixflow")
+
+BACKEND_NAME = "radixflow"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+
+
+class _PluginState:
+    hooks_registered = False
+    setup_error: Optional[BaseException] = None
+
+
+def register() -> None:
+    """Entry point: register the radix-cache backend and the scheduler hooks (idempotent)."""
+    from sglang.srt.mem_cache.registry import get_radix_cache_factory, register_radix_cache_backend
+
+    try:
+        _register_hooks()
+    except Exception as exc:  # keep the cause for the factory; SGLang would only log it
+        _PluginState.setup_error = exc
+        logger.exception("sglang-radixflow: plugin set-up failed; the radixflow backend will refuse to start")
+    existing = get_radix_cache_factory(BACKEND_NAME)
+    if existing is None:
+        register_radix_cache_backend(BACKEND_NAME, create_radixflow_cache)
+    elif existing is not create_radixflow_cache:
+        raise RuntimeError(f"radix-cache backend {BACKEND_NAME!r} is already registered by {existing!r}")
+
+
+def create_radixflow_cache(ctx: "TreeCacheBuildContext") -> "BasePrefixCache":
+    """SGLang radix-cache factory for `--radix-cache-backend radixflow` (runs in the scheduler process)."""
+    if _PluginState.setup_error is not None:
+        raise RuntimeError(
+            f"sglang-radixflow plugin failed to set up: {_PluginState.setup_error!r}"
+        ) from _PluginState.setup_error
+    from sglang.srt.mem_cache.registry import create_unified_radix_cache
+
+    from sglang_radixflow.cache.tree import RadixFlowCache
+    from sglang_radixflow.config import load_config
+
+    config = load_config()  # ConfigError names the variable and the allowed values
+    cache = create_unified_radix_cache(ctx, cache_class=RadixFlowCache)
+    assert isinstance(cache, RadixFlowCache)
+    cache.rf_config = config
+    logger.info("sglang-radixflow: cache ready (arm=%s, hybrid_ssm=%s)", config.arm, ctx.is_hybrid_ssm)
+    return cache
+
+
+def _register_hooks() -> None:
+    if _PluginState.hooks_registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(f"{_SCHEDULER}.get_next_batch_to_run", _before_next_batch, HookType.BEFORE)
+    _PluginState.hooks_registered = True
+
+
+def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """Start of a scheduling step: tie the cache's round clock to this scheduler (first time only)."""
+    clock = getattr(scheduler.tree_cache, "rf_clock", None)
+    if clock is not None and not clock.bound:
+        assert isinstance(scheduler.forward_ct, int), "Scheduler.forward_ct is the round counter radixflow reads"
+        clock.bind(lambda: scheduler.forward_ct)
+    return None
