@@ -59,6 +59,13 @@ class ServerError(RuntimeError):
     pass
 
 
+_LIVE: set[int] = set()  # process-group ids this process started and has not stopped
+
+
+def live_servers() -> list[int]:
+    return sorted(pgid for pgid in _LIVE if _group_alive(pgid))
+
+
 @dataclass
 class SGLangServer:
     """One `python -m sglang.launch_server` process group. Use as a context manager or call start()/stop()."""
@@ -104,6 +111,7 @@ class SGLangServer:
             cwd=tempfile.gettempdir(),  # a package-named folder in cwd would shadow the installed package
         )
         log.close()
+        _LIVE.add(self.proc.pid)
         try:
             self._wait_healthy()
         except BaseException:
@@ -148,6 +156,7 @@ class SGLangServer:
                 continue
             if not _group_alive(pgid):
                 break
+        _LIVE.discard(pgid)
         self.proc = None
 
     def __enter__(self) -> "SGLangServer":

@@ -77,7 +77,8 @@ def causal_conv1d_fn(
 
     slots = _slot_ids(cache_indices, num_seqs, device)
     live = slots != pad_slot_id
-    # Build one stream where every sequence is preceded by its width-1 history columns, then run a single conv.
+    # One token-major stream where every sequence is preceded by its width-1 history rows; the depthwise conv is
+    # then width shifted multiply-adds over contiguous rows (SGLang's x is a transposed (T, dim) buffer).
     lens_t = torch.tensor(lens, dtype=torch.long, device=device)
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens_t, output_size=total)
     token_dst = torch.arange(total, device=device) + hist_len * (seq_of_token + 1)
@@ -85,34 +86,40 @@ def causal_conv1d_fn(
     hist_dst = (starts + hist_len * torch.arange(num_seqs, device=device))[:, None] + torch.arange(
         hist_len, device=device
     )
-    stream = torch.zeros(dim, total + hist_len * num_seqs, dtype=torch.float32, device=device)
-    stream[:, token_dst] = flat[:, :total].to(torch.float32)
+    stream = torch.zeros(total + hist_len * num_seqs, dim, dtype=torch.float32, device=device)
+    stream[token_dst] = flat[:, :total].t().to(torch.float32)
     if conv_states is not None and has_initial_state is not None:
         take = has_initial_state[:num_seqs].to(torch.bool) & live
         if bool(take.any()):
             rows = take.nonzero(as_tuple=True)[0]
             hist = conv_states[slots[rows], :, :hist_len].to(torch.float32)  # (k, dim, hist_len)
-            stream[:, hist_dst[rows].reshape(-1)] = hist.permute(1, 0, 2).reshape(dim, -1)
-    y = F.conv1d(
-        stream.unsqueeze(0),
-        weight.to(torch.float32).unsqueeze(1),
-        None if bias is None else bias.to(torch.float32),
-        groups=dim,
-    )[0]
-    out_flat = y[:, token_dst - hist_len]
+            stream[hist_dst[rows].reshape(-1)] = hist.permute(0, 2, 1).reshape(-1, dim)
+    wf = weight.to(torch.float32).t()  # (width, dim)
+    n_out = stream.shape[0] - hist_len
+    y = stream[:n_out] * wf[0]
+    for k in range(1, width):
+        y.add_(stream[k : k + n_out] * wf[k])
+    if bias is not None:
+        y.add_(bias.to(torch.float32))
+    out_tm = y[token_dst - hist_len]  # (total, dim)
     if silu:
-        out_flat = F.silu(out_flat)
+        out_tm = F.silu(out_tm)
     if conv_states is not None and bool(live.any()):
         rows = live.nonzero(as_tuple=True)[0]
-        last = hist_dst[rows] + lens_t[rows, None]  # the width-1 stream columns ending each sequence
-        conv_states[slots[rows], :, :hist_len] = stream[:, last.reshape(-1)].reshape(dim, -1, hist_len).permute(
-            1, 0, 2
-        ).to(conv_states.dtype)
+        last = hist_dst[rows] + lens_t[rows, None]  # the width-1 stream rows ending each sequence
+        conv_states[slots[rows], :, :hist_len] = (
+            stream[last.reshape(-1)].view(-1, hist_len, dim).permute(0, 2, 1).to(conv_states.dtype)
+        )
     if batched:
-        return out_flat.reshape(dim, nb, seqlen).permute(1, 0, 2).to(x.dtype).contiguous()
-    out = torch.zeros_like(x)
-    out[:, :total] = out_flat.to(x.dtype)
-    return out
+        return out_tm.t().reshape(dim, nb, seqlen).permute(1, 0, 2).to(x.dtype).contiguous()
+    if total == x.shape[1]:
+        out_tm = out_tm.to(x.dtype)
+    else:
+        padded = torch.zeros(x.shape[1], dim, dtype=x.dtype, device=device)
+        padded[:total] = out_tm
+        out_tm = padded
+    # Same memory order as x: token-major x (mamba.py's transposed view) gets a transposed view back.
+    return out_tm.t() if x.stride(0) == 1 else out_tm.t().contiguous()
 
 
 def _slot_ids(indices: Optional[torch.Tensor], n: int, device: torch.device) -> torch.Tensor:

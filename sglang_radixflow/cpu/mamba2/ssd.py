@@ -126,7 +126,7 @@ def ssd_chunked(
 
     x (T, H, P); dt (T, H) already softplus'ed; A (H,); B, C (T, G, N); init (num_segs, H, P, N) or None.
     Segments [seg_start[i], seg_end[i]) must be ordered, disjoint and cover the stream; the chunk grid restarts
-    every `row_len` tokens (default: T). Returns (y (T, H, P), final per segment (S, H, P, N),
+    every `row_len` tokens (default: T). Returns (y (T, H, P) float32, final state per segment (S, H, P, N),
     h per physical chunk (rows * nchunks, H, P, N) = state at the chunk's start, track states or None).
     """
     T, H, P = x.shape
@@ -142,84 +142,65 @@ def ssd_chunked(
     plan = _plan(list(seg_start), list(seg_end), row_len, num_rows, L)
     n = plan.start.numel()
     S = len(seg_start)
+    HP, GN = H * P, G * N
 
-    xf = x.to(torch.float32)
-    Bf = B.to(torch.float32)
-    Cf = C.to(torch.float32)
+    # Padded chunk layout (n, L, features): one float32 copy of x | dt | B | C, padding rows carry dt = 0
+    # (no input, no decay). When only the last logical chunk is short this is a plain pad + view.
+    feats = torch.cat([x.reshape(T, HP), dt, B.reshape(T, GN), C.reshape(T, GN)], dim=1).to(torch.float32)
+    nf = feats.shape[1]
+    contiguous = bool((plan.length[:-1] == L).all()) if n else True
+    if contiguous:
+        padded = F.pad(feats, (0, 0, 0, n * L - T)).view(n, L, nf)
+        keep = None
+    else:
+        ar = torch.arange(L, device=dev)
+        keep = ar[None, :] < plan.length[:, None]  # (n, L)
+        idx = (plan.start[:, None] + ar[None, :]).clamp(max=max(T - 1, 0))
+        padded = feats[idx]
+        padded[..., HP : HP + H] *= keep[..., None]
+    Xc = padded[..., :HP].view(n, L, H, P)
+    dtc = padded[..., HP : HP + H]  # (n, L, H)
+    Bc = padded[..., HP + H : HP + H + GN].view(n, L, G, N)
+    Cc = padded[..., HP + H + GN :].view(n, L, G, N)
     Af = A.to(torch.float32)
-    ar = torch.arange(L, device=dev)
-    valid = ar[None, :] < plan.length[:, None]  # (n, L)
-    idx = (plan.start[:, None] + ar[None, :]).clamp(max=max(T - 1, 0))  # (n, L), padding reads a real row
-    y = torch.zeros(T, H, P, dtype=torch.float32, device=dev)
+
+    dA_cs = torch.cumsum(dtc * Af, dim=1)  # (n, L, H)
+    chunk_decay = dA_cs[:, -1, :]  # (n, H): padding adds no decay
+    y_pad = torch.empty(n, L, H, P, dtype=torch.float32, device=dev)
     chunk_state = torch.empty(n, H, P, N, dtype=torch.float32, device=dev)
-    chunk_decay = torch.empty(n, H, dtype=torch.float32, device=dev)
-    dA_cs_all = torch.empty(n, L, H, dtype=torch.float32, device=dev)
-    Dx = None
-    if D is not None:
-        Dx = xf * (D.to(torch.float32)[:, None] if D.dim() == 1 else D.to(torch.float32))
-
-    block = max(1, _BLOCK_BYTES // (4 * H * L * L * 3))
-    tril = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev))
-    # Pass 1 (per block of logical chunks): the diagonal (intra-chunk) output and each chunk's state contribution.
+    block = max(1, _BLOCK_BYTES // (4 * H * L * L * 2))
+    notril = ~torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev))
+    # Pass 1 (blocks of logical chunks): the diagonal (intra-chunk) output and each chunk's state contribution.
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         m = hi - lo
-        bidx = idx[lo:hi]
-        bvalid = valid[lo:hi]
-        dtc = dt[bidx] * bvalid[..., None]  # (m, L, H); zero dt on padding: no input, no decay
-        dA_cs = torch.cumsum(dtc * Af, dim=1)  # (m, L, H)
-        dA_cs_all[lo:hi] = dA_cs
-        Xc = xf[bidx]  # (m, L, H, P)
-        Bc = Bf[bidx]  # (m, L, G, N)
-        Cc = Cf[bidx]
-        # CB[m, g, l, s] = C_l . B_s per group.
-        CB = torch.matmul(Cc.permute(0, 2, 1, 3), Bc.permute(0, 2, 3, 1))  # (m, G, L, L)
-        dA_h = dA_cs.permute(0, 2, 1)  # (m, H, L)
-        seg = dA_h[..., :, None] - dA_h[..., None, :]  # (m, H, L, L): sum of dA over (s, l]
-        decay = torch.exp(seg.masked_fill(~tril, -math.inf))
-        M = decay.view(m, G, R, L, L) * CB[:, :, None] * dtc.permute(0, 2, 1).reshape(m, G, R, 1, L)
-        Xh = Xc.permute(0, 2, 1, 3)  # (m, H, L, P)
-        y_diag = torch.matmul(M.view(m, H, L, L), Xh)  # (m, H, L, P)
-        keep = bvalid.reshape(-1)
-        y[bidx.reshape(-1)[keep]] = y_diag.permute(0, 2, 1, 3).reshape(m * L, H, P)[keep]
+        cs = dA_cs[lo:hi].permute(0, 2, 1)  # (m, H, L)
+        # M[h, l, s] = exp(sum of dA over (s, l]) * (C_l . B_s) * dt_s for s <= l.
+        M = cs[..., :, None] - cs[..., None, :]
+        M.masked_fill_(notril, -math.inf).exp_()
+        CB = torch.matmul(Cc[lo:hi].permute(0, 2, 1, 3), Bc[lo:hi].permute(0, 2, 3, 1))  # (m, G, L, L)
+        M.view(m, G, R, L, L).mul_(CB[:, :, None])
+        M.mul_(dtc[lo:hi].permute(0, 2, 1)[:, :, None, :])
+        y_pad[lo:hi] = torch.matmul(M, Xc[lo:hi].permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         # State contribution at the chunk end: sum_s exp(dA_cs[last] - dA_cs[s]) dt_s x_s B_s^T.
-        to_end = torch.exp(dA_cs[:, -1:, :] - dA_cs) * dtc  # (m, L, H)
-        Xw = (Xc * to_end[..., None]).reshape(m, L, G, R * P)
-        st = torch.matmul(Xw.permute(0, 2, 3, 1), Bc.permute(0, 2, 1, 3))  # (m, G, R*P, N)
+        to_end = torch.exp(dA_cs[lo:hi, -1:, :] - dA_cs[lo:hi]) * dtc[lo:hi]  # (m, L, H)
+        Xw = (Xc[lo:hi] * to_end[..., None]).view(m, L, G, R * P)
+        st = torch.matmul(Xw.permute(0, 2, 3, 1), Bc[lo:hi].permute(0, 2, 1, 3))  # (m, G, R*P, N)
         chunk_state[lo:hi] = st.view(m, H, P, N)
-        chunk_decay[lo:hi] = dA_cs[:, -1, :]
 
-    # Pass 2: pass states along each sequence (one step per chunk index, all sequences together).
-    state = torch.zeros(S, H, P, N, dtype=torch.float32, device=dev) if init is None else init.to(torch.float32).clone()
-    state_in = torch.empty(n, H, P, N, dtype=torch.float32, device=dev)
-    counts = torch.tensor(plan.num_chunks, dtype=torch.long)
-    exp_decay = torch.exp(chunk_decay)[..., None, None]  # (n, H, 1, 1)
-    for k in range(max(plan.num_chunks, default=0)):
-        act = (counts > k).nonzero(as_tuple=True)[0]
-        j = plan.first_chunk[act] + k
-        if act.numel() == S:
-            state_in[j] = state
-            state = state * exp_decay[j] + chunk_state[j]
-        else:
-            s_act = state[act]
-            state_in[j] = s_act
-            state[act] = s_act * exp_decay[j] + chunk_state[j]
-    final = state
+    state_in, final = _pass_states(plan, init, chunk_state, torch.exp(chunk_decay), S, (H, P, N), dev)
 
-    # Pass 3: add the contribution of the state entering each chunk: exp(dA_cs[l]) * C_l . state_in.
+    # Pass 3: the state entering each chunk adds exp(dA_cs[l]) * C_l . state_in.
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         m = hi - lo
-        bidx = idx[lo:hi]
-        keep = valid[lo:hi].reshape(-1)
-        Cc = Cf[bidx].permute(0, 2, 1, 3)  # (m, G, L, N)
-        sin = state_in[lo:hi].view(m, G, R * P, N)
-        y_off = torch.matmul(Cc, sin.transpose(-1, -2))  # (m, G, L, R*P)
-        y_off = y_off.permute(0, 2, 1, 3).reshape(m, L, H, P) * torch.exp(dA_cs_all[lo:hi])[..., None]
-        flat = bidx.reshape(-1)[keep]
-        y[flat] += y_off.reshape(m * L, H, P)[keep]
-    if Dx is not None:
-        y += Dx
+        y_off = torch.matmul(Cc[lo:hi].permute(0, 2, 1, 3), state_in[lo:hi].view(m, G, R * P, N).transpose(-1, -2))
+        y_off = y_off.permute(0, 2, 1, 3).reshape(m, L, H, P).mul_(torch.exp(dA_cs[lo:hi])[..., None])
+        y_pad[lo:hi] += y_off
+    y = y_pad.view(n * L, H, P)[:T] if contiguous else y_pad.view(n * L, H, P)[keep.reshape(-1)]
+    if D is not None:
+        Df = D.to(torch.float32)
+        y = y + x.to(torch.float32) * (Df[:, None] if D.dim() == 1 else Df)
     if z is not None:
         y = y * F.silu(z.to(torch.float32))
 
@@ -228,7 +209,7 @@ def ssd_chunked(
     h = torch.zeros(num_rows * nphys, H, P, N, dtype=torch.float32, device=dev)
     closers = plan.phys_end.view(num_rows, nphys)[:, :-1].reshape(-1) if nphys else plan.phys_end
     if closers.numel():
-        after = state_in[closers] * exp_decay[closers] + chunk_state[closers]
+        after = state_in[closers] * torch.exp(chunk_decay[closers])[..., None, None] + chunk_state[closers]
         h.view(num_rows, nphys, H, P, N)[:, 1:] = after.view(num_rows, nphys - 1, H, P, N)
     if init is not None and nphys:
         # h[row, 0]: the initial state of the sequence that opens the row (zeros where it has none).
@@ -239,9 +220,58 @@ def ssd_chunked(
     track = None
     if track_seg is not None and track_end is not None and len(track_seg):
         track = _states_at(
-            plan, list(track_seg), list(track_end), list(seg_start), init, state_in, dA_cs_all, dt, xf, Bf, G, R
+            plan, list(track_seg), list(track_end), list(seg_start), init, state_in, dA_cs, dt, x, B, G, R
         )
     return y, final, h, track
+
+
+def _pass_states(
+    plan: _Plan,
+    init: Optional[torch.Tensor],
+    chunk_state: torch.Tensor,
+    chunk_decay_exp: torch.Tensor,
+    S: int,
+    shape: tuple[int, int, int],
+    dev: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """State entering every logical chunk, and each segment's final state.
+
+    One step per chunk index k, all segments at once: segments sorted by chunk count (descending) make the
+    segments still running at step k a prefix, and chunks laid out k-major make their inputs a contiguous slice.
+    """
+    n = chunk_state.shape[0]
+    counts = plan.num_chunks
+    order = sorted(range(S), key=lambda i: -counts[i])
+    sorted_counts = [counts[i] for i in order]
+    perm_parts = []
+    active: list[int] = []
+    first = plan.first_chunk
+    order_t = torch.tensor(order, dtype=torch.long)
+    for k in range(sorted_counts[0] if S else 0):
+        nk = sum(1 for c in sorted_counts if c > k)
+        active.append(nk)
+        perm_parts.append(first[order_t[:nk]] + k)
+    identity = S == 1
+    perm = torch.cat(perm_parts) if perm_parts else torch.zeros(0, dtype=torch.long)
+    cs_km = chunk_state if identity else chunk_state[perm]
+    dec_km = (chunk_decay_exp if identity else chunk_decay_exp[perm])[..., None, None]
+    state = torch.zeros(S, *shape, dtype=torch.float32, device=dev) if init is None else init.to(torch.float32)[order_t]
+    state_in_km = torch.empty(n, *shape, dtype=torch.float32, device=dev)
+    off = 0
+    for nk in active:
+        cur = state[:nk]
+        state_in_km[off : off + nk] = cur
+        cur.mul_(dec_km[off : off + nk]).add_(cs_km[off : off + nk])
+        off += nk
+    if identity:
+        state_in = state_in_km
+        final = state
+    else:
+        state_in = torch.empty_like(state_in_km)
+        state_in[perm] = state_in_km
+        final = torch.empty_like(state)
+        final[order_t] = state
+    return state_in, final
 
 
 def _states_at(
@@ -273,8 +303,8 @@ def _states_at(
         upto = end - s0  # tokens of chunk j that are included
         cs = dA_cs_all[j, :upto]  # (upto, H)
         w = torch.exp(cs[-1:] - cs) * dt[s0:end]  # (upto, H)
-        xw = (xf[s0:end] * w[..., None]).reshape(upto, G, R * P)
-        contrib = torch.einsum("tgq,tgn->gqn", xw, Bf[s0:end]).reshape(H, P, N)
+        xw = (xf[s0:end].to(torch.float32) * w[..., None]).reshape(upto, G, R * P)
+        contrib = torch.einsum("tgq,tgn->gqn", xw, Bf[s0:end].to(torch.float32)).reshape(H, P, N)
         out[i] = state_in[j] * torch.exp(cs[-1])[:, None, None] + contrib
     return out
 
