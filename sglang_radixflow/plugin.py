@@ -55,7 +55,7 @@ def create_radixflow_cache(ctx: "TreeCacheBuildContext") -> "BasePrefixCache":
     config = load_config()  # ConfigError names the variable and the allowed values
     cache = create_unified_radix_cache(ctx, cache_class=RadixFlowCache)
     assert isinstance(cache, RadixFlowCache)
-    cache.rf_config = config
+    cache.configure(config, tp_rank=ctx.tp_rank)
     logger.info("sglang-radixflow: cache ready (arm=%s, hybrid_ssm=%s)", config.arm, ctx.is_hybrid_ssm)
     return cache
 

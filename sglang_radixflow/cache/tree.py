@@ -18,6 +18,8 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
 from sglang_radixflow.cache.clock import RoundClock
 from sglang_radixflow.cache.components import RadixFlowFullComponent, RadixFlowMambaComponent
+from sglang_radixflow.config import RadixFlowConfig
+from sglang_radixflow.observe.trace import TraceWriter
 
 # Our component hooks run only on SGLang's Python tree core (the Rust core calls none of them).
 PYTHON_TREE_CORE = "python"
@@ -42,6 +44,8 @@ def prepare_params(params: CacheInitParams) -> CacheInitParams:
 class RadixFlowCache(UnifiedRadixCache):
     def __init__(self, params: CacheInitParams) -> None:
         self.rf_clock = RoundClock()  # components read it from their first match on
+        self.rf_config = RadixFlowConfig()
+        self.rf_trace = TraceWriter(None)
         prepare_params(params)
         super().__init__(params)
         assert self._tree_core_backend == PYTHON_TREE_CORE, self._tree_core_backend
@@ -55,6 +59,18 @@ class RadixFlowCache(UnifiedRadixCache):
             setattr(params.req, REQ_TOKEN_HIT, int(result.full_kv_hit_length))
             setattr(params.req, REQ_STATE_HIT, int(result.device_prefix_len))
         return result
+
+    def configure(self, config: RadixFlowConfig, tp_rank: int = 0) -> None:
+        self.rf_config = config
+        self.rf_trace = TraceWriter(config.trace_path, enabled=tp_rank == 0)
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        super().on_release(req, checkpointed=checkpointed)
+        if self.rf_trace.active:
+            self.rf_trace.write(
+                "request", rid=str(req.rid), prompt_len=len(req.origin_input_ids), token_hit=token_hit(req),
+                state_hit=state_hit(req), cached_tokens=int(req.cached_tokens), round=self.rf_clock.last_launched(),
+            )
 
 
 def token_hit(req: object) -> int:
