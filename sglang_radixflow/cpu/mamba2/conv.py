@@ -98,7 +98,7 @@ def causal_conv1d_fn(
     n_out = stream.shape[0] - hist_len
     y = stream[:n_out] * wf[0]
     for k in range(1, width):
-        y.add_(stream[k : k + n_out] * wf[k])
+        y.addcmul_(stream[k : k + n_out], wf[k])
     if bias is not None:
         y.add_(bias.to(torch.float32))
     out_tm = y[token_dst - hist_len]  # (total, dim)

@@ -175,16 +175,16 @@ def ssd_chunked(
         hi = min(n, lo + block)
         m = hi - lo
         cs = dA_cs[lo:hi].permute(0, 2, 1)  # (m, H, L)
-        # M[h, l, s] = exp(sum of dA over (s, l]) * (C_l . B_s) * dt_s for s <= l.
-        M = cs[..., :, None] - cs[..., None, :]
+        xdt = Xc[lo:hi] * dtc[lo:hi, :, :, None]  # (m, L, H, P): dt_s x_s
+        # y_l = sum_{s <= l} exp(sum of dA over (s, l]) (C_l . B_s) dt_s x_s
+        M = cs[..., :, None] - cs[..., None, :]  # (m, H, L, L)
         M.masked_fill_(notril, -math.inf).exp_()
         CB = torch.matmul(Cc[lo:hi].permute(0, 2, 1, 3), Bc[lo:hi].permute(0, 2, 3, 1))  # (m, G, L, L)
         M.view(m, G, R, L, L).mul_(CB[:, :, None])
-        M.mul_(dtc[lo:hi].permute(0, 2, 1)[:, :, None, :])
-        y_pad[lo:hi] = torch.matmul(M, Xc[lo:hi].permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+        y_pad[lo:hi] = torch.matmul(M, xdt.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         # State contribution at the chunk end: sum_s exp(dA_cs[last] - dA_cs[s]) dt_s x_s B_s^T.
-        to_end = torch.exp(dA_cs[lo:hi, -1:, :] - dA_cs[lo:hi]) * dtc[lo:hi]  # (m, L, H)
-        Xw = (Xc[lo:hi] * to_end[..., None]).view(m, L, G, R * P)
+        to_end = torch.exp(dA_cs[lo:hi, -1:, :] - dA_cs[lo:hi])  # (m, L, H)
+        Xw = xdt.mul_(to_end[..., None]).view(m, L, G, R * P)
         st = torch.matmul(Xw.permute(0, 2, 3, 1), Bc[lo:hi].permute(0, 2, 1, 3))  # (m, G, R*P, N)
         chunk_state[lo:hi] = st.view(m, H, P, N)
 
@@ -200,7 +200,8 @@ def ssd_chunked(
     y = y_pad.view(n * L, H, P)[:T] if contiguous else y_pad.view(n * L, H, P)[keep.reshape(-1)]
     if D is not None:
         Df = D.to(torch.float32)
-        y = y + x.to(torch.float32) * (Df[:, None] if D.dim() == 1 else Df)
+        xf = Xc.reshape(n * L, H, P)[:T] if contiguous else x.to(torch.float32)
+        y = y.addcmul_(xf, Df[:, None] if D.dim() == 1 else Df)
     if z is not None:
         y = y * F.silu(z.to(torch.float32))
 

@@ -309,12 +309,19 @@ def _ssd_inputs(lens: list[int], H: int, P: int, G: int, N: int, seed: int) -> d
     )
 
 
+VARLEN_CASES = {
+    "ragged": [1, 13, 16, 37, 5, 2, 24],  # sequence boundaries fall inside chunks and on them
+    "aligned": [16, 32, 16, 48, 16, 32, 9],  # every boundary on the chunk grid (the no-gather layout)
+}
+
+
 @pytest.mark.parametrize("chunk", [8, 16])
 @pytest.mark.parametrize("init_mode", ["mixed", "none"])
 @pytest.mark.parametrize("gated", [False, True])
-def test_chunk_scan_varlen_matches_per_token(chunk: int, init_mode: str, gated: bool) -> None:
+@pytest.mark.parametrize("case", sorted(VARLEN_CASES))
+def test_chunk_scan_varlen_matches_per_token(chunk: int, init_mode: str, gated: bool, case: str) -> None:
     H, P, G, N = 4, 3, 2, 5
-    lens = [1, 13, 16, 37, 5, 2, 24]  # boundaries fall inside chunks and on them
+    lens = VARLEN_CASES[case]
     inp = _ssd_inputs(lens, H, P, G, N, seed=chunk + len(init_mode) + gated)
     T = sum(lens)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -325,7 +332,7 @@ def test_chunk_scan_varlen_matches_per_token(chunk: int, init_mode: str, gated: 
         init = torch.where(has_init[:, None, None, None], inp["init"], 0)  # as mamba.py builds it
     # track a few mid-sequence positions (absolute end locations, exclusive)
     track_seq = torch.tensor([3, 1, 6, 3])
-    track_end = torch.tensor([int(cu[3]) + 20, int(cu[1]) + 1, int(cu[6]) + 24, int(cu[3]) + 37])
+    track_end = torch.tensor([int(cu[3]) + 20, int(cu[1]) + 1, int(cu[6]) + lens[6], int(cu[3]) + lens[3]])
     out = torch.full((1, T, H, P), float("nan"))
     h, varlen, track = ssd.mamba_chunk_scan_combined(
         inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk_size=chunk, D=inp["D"],
