@@ -14,6 +14,15 @@ def _cmd_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from sglang_radixflow.bench.demo import run_demo
+
+    table = run_demo(args.out, args.models)
+    print(table)
+    print(f"\nserver logs, traces and this table: {args.out}/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sglang_radixflow.models import ARCHS
 
@@ -25,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--out", required=True, help="output directory")
     mm.add_argument("--seed", type=int, default=0)
     mm.set_defaults(func=_cmd_make_model)
+
+    demo = sub.add_parser("demo", help="serve the tiny hybrid and the control with radixflow; show token vs state hits")
+    demo.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
+    demo.add_argument("--models", default="runs/models", help="where tiny models are made/reused (default: runs/models)")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 
