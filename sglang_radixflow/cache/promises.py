@@ -1,0 +1,155 @@
+"""In-flight producers: a promise says "request P will publish the prefix up to boundary b (KV and, on hybrids, the
+state at b) in namespace N". Consumers whose useful prefix reaches b wait for it instead of recomputing it.
+
+Life cycle: open -> published (the prefix landed in the tree, stamped) | cancelled (producer aborted, retracted,
+finished or passed b without leaving it, or too old). Nobody waits on a cancelled promise: `blocking()` only ever
+returns open ones. Pure bookkeeping, no SGLang import: decisions depend only on the scheduler's replicated inputs, so
+they are identical on every tensor-parallel rank.
+"""
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable, Iterator, Optional, Sequence
+
+
+class PromiseState(enum.Enum):
+    OPEN = "open"
+    PUBLISHED = "published"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class Promise:
+    namespace: Hashable
+    tokens: Sequence[int]  # the producer's first `boundary` tokens
+    boundary: int
+    producer_rid: str
+    registered_round: int
+    state: PromiseState = PromiseState.OPEN
+    closed_round: Optional[int] = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        self.tokens = as_tokens(self.tokens)
+        assert len(self.tokens) == self.boundary > 0, (len(self.tokens), self.boundary)
+
+    def covers(self, namespace: Hashable, tokens: Sequence[int]) -> bool:
+        """Whether `tokens` (same namespace) starts with the promised prefix."""
+        return (
+            namespace == self.namespace
+            and len(tokens) >= self.boundary
+            and as_tokens(tokens[: self.boundary]) == self.tokens
+        )
+
+
+@dataclass
+class PromiseCounters:
+    registered: int = 0
+    published: int = 0
+    cancelled: int = 0
+    cancel_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class PromiseTable:
+    def __init__(self) -> None:
+        self._open: dict[str, list[Promise]] = {}  # producer rid -> its open promises
+        self.counters = PromiseCounters()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._open.values())
+
+    def open_promises(self) -> Iterator[Promise]:
+        for promises in self._open.values():
+            yield from promises
+
+    def producers(self) -> set[str]:
+        return set(self._open)
+
+    def register(
+        self, namespace: Hashable, tokens: Sequence[int], boundary: int, producer_rid: str, round_id: int
+    ) -> Promise:
+        promise = Promise(namespace, tokens, boundary, producer_rid, round_id)
+        self._open.setdefault(producer_rid, []).append(promise)
+        self.counters.registered += 1
+        return promise
+
+    def for_producer(self, producer_rid: str) -> list[Promise]:
+        return list(self._open.get(producer_rid, ()))
+
+    def publish(self, promise: Promise, round_id: int) -> None:
+        self._close(promise, PromiseState.PUBLISHED, round_id, "")
+        self.counters.published += 1
+
+    def cancel(self, promise: Promise, round_id: int, reason: str) -> None:
+        self._close(promise, PromiseState.CANCELLED, round_id, reason)
+        self.counters.cancelled += 1
+        self.counters.cancel_reasons[reason] = self.counters.cancel_reasons.get(reason, 0) + 1
+
+    def cancel_producer(self, producer_rid: str, round_id: int, reason: str) -> int:
+        promises = self.for_producer(producer_rid)
+        for promise in promises:
+            self.cancel(promise, round_id, reason)
+        return len(promises)
+
+    def expire(self, round_id: int, max_age_rounds: int) -> int:
+        old = [p for p in self.open_promises() if round_id - p.registered_round > max_age_rounds]
+        for promise in old:
+            self.cancel(promise, round_id, "expired")
+        return len(old)
+
+    def blocking(
+        self, namespace: Hashable, tokens: Sequence[int], state_hit: int, key_limit: int, min_gain: int,
+        exclude_rid: Optional[str] = None,
+    ) -> Optional[Promise]:
+        """The deepest open promise this request should wait for: state_hit + min_gain <= b <= key_limit and the
+        request's tokens start with the promised prefix."""
+        best: Optional[Promise] = None
+        for promise in self.open_promises():
+            if promise.producer_rid == exclude_rid:
+                continue
+            if not (state_hit + min_gain <= promise.boundary <= key_limit):
+                continue
+            if (best is None or promise.boundary > best.boundary) and promise.covers(namespace, tokens):
+                best = promise
+        return best
+
+    def _close(self, promise: Promise, state: PromiseState, round_id: int, reason: str) -> None:
+        assert promise.state is PromiseState.OPEN, f"promise of {promise.producer_rid} already {promise.state}"
+        promise.state, promise.closed_round, promise.reason = state, round_id, reason
+        remaining = [p for p in self._open.get(promise.producer_rid, ()) if p is not promise]
+        if remaining:
+            self._open[promise.producer_rid] = remaining
+        else:
+            self._open.pop(promise.producer_rid, None)
+
+
+def as_tokens(tokens: Sequence[int]) -> array:
+    """SGLang keeps token ids in array('q'); an array never compares equal to a list, so normalise."""
+    return tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
+
+
+def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """LCP length by binary search over slice equality (C-level compares; O(log n) slices)."""
+    a, b = as_tokens(a), as_tokens(b)
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def best_boundary(candidate_lcps: Iterable[int], floor: int) -> int:
+    """The boundary b > floor maximising (b - floor) x (siblings whose shared prefix reaches b); 0 if none.
+
+    A producer can leave one state; this places it where it saves its siblings the most recomputed tokens."""
+    lcps = sorted((x for x in candidate_lcps if x > floor), reverse=True)
+    best_b, best_gain = 0, 0
+    for count, b in enumerate(lcps, start=1):
+        if (b - floor) * count > best_gain:
+            best_b, best_gain = b, (b - floor) * count
+    return best_b
