@@ -9,7 +9,7 @@ random inputs as one varlen batch (the total split over `--seqs` sequences, half
 and their outputs are compared before timing is reported (rel dy / rel dstate: max abs difference over max abs
 value; in bfloat16 the outputs are rounded to bf16, so ~1e-2 there is one rounding step).
 
-    python scripts/bench_cpu_prefill.py [--tokens 2048 8192] [--seqs 1] [--repeats 3] [--dtype bfloat16]
+    python scripts/bench_cpu_prefill.py [--tokens 2048 8192] [--seqs 1] [--repeats 5] [--dtype bfloat16] [--threads 1]
 """
 from __future__ import annotations
 
@@ -117,7 +117,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of the chunked ops (best is reported)")
     ap.add_argument("--ref-repeats", type=int, default=2, help="timed runs of the per-token reference")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads (default 1: the per-token loop is effectively serial, and on a shared 2-core "
+        "machine multi-threaded ops swing by 10x with other load; 0 = torch's default)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

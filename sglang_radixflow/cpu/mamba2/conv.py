@@ -79,45 +79,45 @@ def causal_conv1d_fn(
     live = slots != pad_slot_id
     # One token-major stream where every sequence is preceded by its width-1 history rows; the depthwise conv is
     # then width shifted multiply-adds over contiguous rows (SGLang's x is a transposed (T, dim) buffer).
-    lens_t = torch.tensor(lens, dtype=torch.long, device=device)
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), lens_t, output_size=total)
-    token_dst = torch.arange(total, device=device) + hist_len * (seq_of_token + 1)
-    starts = torch.cumsum(lens_t, 0) - lens_t
-    hist_dst = (starts + hist_len * torch.arange(num_seqs, device=device))[:, None] + torch.arange(
-        hist_len, device=device
-    )
-    stream = torch.zeros(total + hist_len * num_seqs, dim, dtype=torch.float32, device=device)
-    stream[token_dst] = flat[:, :total].t().to(torch.float32)
+    xt = flat[:, :total].t()  # (total, dim)
+    starts = [0] * num_seqs
+    for i in range(1, num_seqs):
+        starts[i] = starts[i - 1] + lens[i - 1]
+    base = [s + hist_len * i for i, s in enumerate(starts)]  # stream row of each sequence's first history row
+    stream = torch.empty(total + hist_len * num_seqs, dim, dtype=torch.float32, device=device)
+    hist = torch.zeros(num_seqs, hist_len, dim, dtype=torch.float32, device=device)
     if conv_states is not None and has_initial_state is not None:
         take = has_initial_state[:num_seqs].to(torch.bool) & live
         if bool(take.any()):
             rows = take.nonzero(as_tuple=True)[0]
-            hist = conv_states[slots[rows], :, :hist_len].to(torch.float32)  # (k, dim, hist_len)
-            stream[hist_dst[rows].reshape(-1)] = hist.permute(0, 2, 1).reshape(-1, dim)
+            hist[rows] = conv_states[slots[rows], :, :hist_len].permute(0, 2, 1).to(torch.float32)
+    for i, (b0, s0, n) in enumerate(zip(base, starts, lens)):
+        stream[b0 : b0 + hist_len] = hist[i]
+        stream[b0 + hist_len : b0 + hist_len + n] = xt[s0 : s0 + n]
     wf = weight.to(torch.float32).t()  # (width, dim)
     n_out = stream.shape[0] - hist_len
-    y = stream[:n_out] * wf[0]
+    y = stream[:n_out] * wf[0]  # y[p] = output for the token at stream row p + hist_len
     for k in range(1, width):
         y.addcmul_(stream[k : k + n_out], wf[k])
     if bias is not None:
         y.add_(bias.to(torch.float32))
-    out_tm = y[token_dst - hist_len]  # (total, dim)
     if silu:
-        out_tm = F.silu(out_tm)
+        F.silu(y, inplace=True)
     if conv_states is not None and bool(live.any()):
         rows = live.nonzero(as_tuple=True)[0]
-        last = hist_dst[rows] + lens_t[rows, None]  # the width-1 stream rows ending each sequence
+        ends = torch.tensor([base[i] + hist_len + lens[i] for i in rows.tolist()], dtype=torch.long, device=device)
+        last = ends[:, None] - hist_len + torch.arange(hist_len, device=device)  # the width-1 rows ending each seq
         conv_states[slots[rows], :, :hist_len] = (
             stream[last.reshape(-1)].view(-1, hist_len, dim).permute(0, 2, 1).to(conv_states.dtype)
         )
+    out_dtype = torch.float32 if batched else x.dtype
+    out_tm = torch.empty(total if batched else x.shape[1], dim, dtype=out_dtype, device=device)
+    if out_tm.shape[0] > total:
+        out_tm[total:] = 0
+    for b0, s0, n in zip(base, starts, lens):
+        out_tm[s0 : s0 + n] = y[b0 : b0 + n]
     if batched:
         return out_tm.t().reshape(dim, nb, seqlen).permute(1, 0, 2).to(x.dtype).contiguous()
-    if total == x.shape[1]:
-        out_tm = out_tm.to(x.dtype)
-    else:
-        padded = torch.zeros(x.shape[1], dim, dtype=x.dtype, device=device)
-        padded[:total] = out_tm
-        out_tm = padded
     # Same memory order as x: token-major x (mamba.py's transposed view) gets a transposed view back.
     return out_tm.t() if x.stride(0) == 1 else out_tm.t().contiguous()
 

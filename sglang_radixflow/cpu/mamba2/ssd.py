@@ -146,17 +146,23 @@ def ssd_chunked(
 
     # Padded chunk layout (n, L, features): one float32 copy of x | dt | B | C, padding rows carry dt = 0
     # (no input, no decay). When only the last logical chunk is short this is a plain pad + view.
-    feats = torch.cat([x.reshape(T, HP), dt, B.reshape(T, GN), C.reshape(T, GN)], dim=1).to(torch.float32)
-    nf = feats.shape[1]
+    nf = HP + H + 2 * GN
+    parts = (x.reshape(T, HP), dt, B.reshape(T, GN), C.reshape(T, GN))
     contiguous = bool((plan.length[:-1] == L).all()) if n else True
+    keep = None
     if contiguous:
-        padded = F.pad(feats, (0, 0, 0, n * L - T)).view(n, L, nf)
-        keep = None
+        padded = torch.empty(n * L, nf, dtype=torch.float32, device=dev)
+        col = 0
+        for part in parts:  # one converting copy per part, straight into the padded layout
+            padded[:T, col : col + part.shape[1]] = part
+            col += part.shape[1]
+        padded[T:] = 0
+        padded = padded.view(n, L, nf)
     else:
         ar = torch.arange(L, device=dev)
         keep = ar[None, :] < plan.length[:, None]  # (n, L)
         idx = (plan.start[:, None] + ar[None, :]).clamp(max=max(T - 1, 0))
-        padded = feats[idx]
+        padded = torch.cat(parts, dim=1).to(torch.float32)[idx]
         padded[..., HP : HP + H] *= keep[..., None]
     Xc = padded[..., :HP].view(n, L, H, P)
     dtc = padded[..., HP : HP + H]  # (n, L, H)
