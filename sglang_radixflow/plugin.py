@@ -66,13 +66,36 @@ def _register_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(f"{_SCHEDULER}.get_next_batch_to_run", _before_next_batch, HookType.BEFORE)
+    HookRegistry.register(f"{_SCHEDULER}.get_prefill_adder_class", _prefill_adder_class, HookType.AROUND)
+    HookRegistry.register(f"{_SCHEDULER}._get_new_batch_prefill_raw", _around_prefill_pass, HookType.AROUND)
     _PluginState.hooks_registered = True
 
 
 def _before_next_batch(scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """Start of a scheduling step: tie the cache's round clock to this scheduler (first time only)."""
+    """Start of a scheduling step: tie the cache to this scheduler (first time only)."""
     clock = getattr(scheduler.tree_cache, "rf_clock", None)
     if clock is not None and not clock.bound:
-        assert isinstance(scheduler.forward_ct, int), "Scheduler.forward_ct is the round counter radixflow reads"
-        clock.bind(lambda: scheduler.forward_ct)
+        from sglang_radixflow.schedule.binding import bind_scheduler
+
+        bind_scheduler(scheduler)
     return None
+
+
+def _prefill_adder_class(orig: Any, scheduler: Any) -> Any:
+    sched = getattr(scheduler.tree_cache, "rf_sched", None)
+    if sched is None or sched.traversal == "native":
+        return orig(scheduler)
+    from sglang_radixflow.schedule.adder import RadixFlowPrefillAdder
+
+    native = orig(scheduler)
+    assert issubclass(RadixFlowPrefillAdder, native), f"another plugin replaced the prefill adder: {native}"
+    return RadixFlowPrefillAdder
+
+
+def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    sched = getattr(scheduler.tree_cache, "rf_sched", None)
+    if sched is None:
+        return orig(scheduler, *args, **kwargs)
+    from sglang_radixflow.schedule.binding import run_prefill_pass
+
+    return run_prefill_pass(orig, scheduler, sched, *args, **kwargs)

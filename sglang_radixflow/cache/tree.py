@@ -13,6 +13,7 @@ from typing import Any
 
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
@@ -61,11 +62,52 @@ class RadixFlowCache(UnifiedRadixCache):
         return result
 
     def configure(self, config: RadixFlowConfig, tp_rank: int = 0) -> None:
+        from sglang_radixflow.schedule.producers import PublishMode
+        from sglang_radixflow.schedule.state import SchedulingState
+
         self.rf_config = config
         self.rf_trace = TraceWriter(config.trace_path, enabled=tp_rank == 0)
+        mamba = self.components.get(ComponentType.MAMBA)
+        if mamba is None:
+            mode, chunk = PublishMode.KV, 1
+        else:
+            mode = PublishMode.TRACK if self.enable_mamba_extra_buffer else PublishMode.CHUNK_END
+            chunk = int(mamba.mamba_cache_chunk_size)
+        self.rf_sched = SchedulingState(config, mode, chunk)
+
+    def state_ready_len(self, namespace: Any, tokens: Any) -> int:
+        """Deepest node boundary on `tokens`' path where every component is present and published. Read-only:
+        unlike match_prefix it splits no node and refreshes no LRU (so classifying never changes the tree)."""
+        extra_key, cache_salt = namespace
+        key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt).page_aligned(self.page_size)
+        core = self.tree_core
+        validators = core._create_match_validators(None, match_device_only=True)
+        node, offset, ready = core.root_node, 0, 0
+        while offset < len(key):
+            child = node.children.get(key.child_key_at(offset, core.page_size))
+            if child is None:
+                break
+            matched = child.key.match_at(key, offset, page_size=core.page_size)
+            if matched < len(child.key):
+                break  # the path continues inside this node: no boundary (and no state) there
+            node, offset = child, offset + matched
+            if all(valid(node) for valid in validators):
+                ready = offset
+        return ready
+
+    def checkpoint_into_tree(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
+        sched = getattr(self, "rf_sched", None)
+        if sched is not None and len(sched.promises):
+            sched.on_checkpoint(
+                req, up_to, lambda p: self.state_ready_len(p.namespace, p.tokens), self.rf_clock.last_launched()
+            )
 
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
+        sched = getattr(self, "rf_sched", None)
+        if sched is not None:
+            sched.on_release(req, self.rf_clock.last_launched())
         if self.rf_trace.active:
             self.rf_trace.write(
                 "request", rid=str(req.rid), prompt_len=len(req.origin_input_ids), token_hit=token_hit(req),

@@ -1,0 +1,68 @@
+"""RadixFlowPrefillAdder: SGLang's PrefillAdder with state-ready traversal.
+
+At each scan position: Blocked (an open promise covers this request's useful prefix) -> undo what
+`init_next_round_input` staged and return CONTINUE (skip: the scan goes on) or OTHER (stop: the prefix-stop
+baseline). Otherwise SGLang's own admission decides (Ready, or its NO_TOKEN / OTHER: native handling). An admitted
+request may become a producer; under no_buffer its extend is cut at the boundary so its state lands there.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _PrefillAdmission
+
+from sglang_radixflow.cache.tree import token_hit
+from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode
+
+# SGLang internals this module relies on (fail loudly on upgrade):
+assert {"prefix_len", "extend_len", "max_new_tokens", "is_chunked", "replay_len"} <= {
+    f.name for f in dataclasses.fields(_PrefillAdmission)
+}
+
+
+def release_staged(req: Any, tree_cache: Any) -> None:
+    """Undo what init_next_round_input staged for a request that is not admitted (mirrors scheduler.py's own
+    cleanup for rejected requests): the COW source (unlocked while waiting: it may be evicted) and the COW slot."""
+    kv = req.kv
+    kv.mamba_cow_src_index = None
+    kv.mamba_needs_clear = False
+    if kv.holds_mamba and not getattr(req, "session", None):
+        tree_cache.req_to_token_pool.mamba_allocator.free(kv.mamba_pool_idx.unsqueeze(-1))
+        kv.mamba_pool_idx = None
+
+
+class RadixFlowPrefillAdder(PrefillAdder):
+    _rf_plan: Optional[ProducerPlan] = None
+    _rf_may_chunk: bool = False
+
+    def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
+        sched = self.tree_cache.rf_sched
+        if sched.blocking_promise(req) is not None:
+            sched.note_blocked(req)
+            release_staged(req, self.tree_cache)
+            return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
+
+        plan = sched.plan(req, self.can_run_list)
+        self._rf_plan = plan
+        self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
+        try:
+            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        finally:
+            self._rf_plan = None
+        if self.can_run_list and self.can_run_list[-1] is req:
+            sched.note_admitted(req, plan, token_hit(req))
+        return result
+
+    def _select_prefill_admission(self, req: Any, **kwargs: Any):
+        admission = super()._select_prefill_admission(req, **kwargs)
+        plan = self._rf_plan
+        if plan is None or plan.mode is not PublishMode.CHUNK_END or isinstance(admission, AddReqResult):
+            return admission
+        end = admission.prefix_len + admission.extend_len
+        if not (admission.prefix_len < plan.boundary < end and self._rf_may_chunk):
+            return admission
+        # Cut the producer's extend at b: with no_buffer its state is stored at the end of the chunk, i.e. at b.
+        return dataclasses.replace(
+            admission, extend_len=plan.boundary - admission.prefix_len, max_new_tokens=0, is_chunked=True
+        )

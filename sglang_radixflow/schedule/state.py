@@ -1,0 +1,142 @@
+"""Scheduling state kept next to the cache: the promise table, per-pass scratch, and per-round counters.
+
+One instance per RadixFlowCache (one per scheduler / TP rank). Every decision reads only what all TP ranks share
+(the replicated waiting queue, the tree, the round counter), never wall-clock time, so ranks agree.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sglang_radixflow.cache.promises import Promise, PromiseTable
+from sglang_radixflow.config import RadixFlowConfig
+from sglang_radixflow.schedule.producers import (
+    ProducerPlan,
+    PublishMode,
+    SiblingIndex,
+    key_limit,
+    namespace_of,
+    plan_producer,
+    request_tokens,
+)
+
+logger = logging.getLogger("sglang_radixflow")
+DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: rounds this request was deferred as Blocked
+
+
+@dataclass
+class PassStats:
+    """What one prefill scheduling pass did (one per round that scanned the queue)."""
+
+    round_id: int
+    waiting: int
+    blocked_skips: int = 0
+    stopped_on_blocked: bool = False
+    producers: int = 0
+    admitted_rids: list[str] = field(default_factory=list)
+    token_hit_sum: int = 0
+    state_hit_sum: int = 0
+
+
+class SchedulingState:
+    def __init__(self, config: RadixFlowConfig, mode: PublishMode, cache_chunk: int) -> None:
+        self.config = config
+        self.mode = mode
+        self.cache_chunk = max(1, cache_chunk)
+        self.promises = PromiseTable()
+        self.traversal = config.traversal
+        self.disabled_reason: Optional[str] = None
+        self.current: Optional[PassStats] = None
+        self._index: Optional[SiblingIndex] = None
+        self._waiting: list[Any] = []
+        self._planned: dict[str, ProducerPlan] = {}
+
+    # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
+    def disable_traversal(self, reason: str) -> None:
+        if self.traversal != "native":
+            logger.warning("sglang-radixflow: state-ready traversal disabled: %s", reason)
+        self.traversal, self.disabled_reason = "native", reason
+
+    def begin_pass(self, round_id: int, waiting: list[Any]) -> None:
+        self.promises.expire(round_id, self.config.promise_max_age_rounds)
+        self.current = PassStats(round_id=round_id, waiting=len(waiting))
+        self._waiting = waiting
+        self._index = None
+
+    def end_pass(self) -> Optional[PassStats]:
+        stats, self.current = self.current, None
+        self._index, self._waiting = None, []
+        self._planned.clear()
+        return stats
+
+    @property
+    def active(self) -> bool:
+        return self.traversal != "native" and self.current is not None
+
+    # ---- verdicts ----
+    def blocking_promise(self, req: Any) -> Optional[Promise]:
+        """The open promise `req` should wait for, or None (also past the deferral bound)."""
+        if not self.active or not len(self.promises):
+            return None
+        if getattr(req, DEFER_COUNT, 0) >= self.config.max_defer_rounds:
+            return None  # bounded deferral: run from h
+        tokens = request_tokens(req)
+        return self.promises.blocking(
+            namespace_of(req), tokens, int(req.prefix_len), key_limit(req, tokens), self.config.min_gain_tokens,
+            exclude_rid=str(req.rid),
+        )
+
+    def note_blocked(self, req: Any) -> None:
+        setattr(req, DEFER_COUNT, getattr(req, DEFER_COUNT, 0) + 1)
+        assert self.current is not None
+        self.current.blocked_skips += 1
+        if self.traversal == "stop":
+            self.current.stopped_on_blocked = True
+
+    # ---- producers ----
+    def plan(self, req: Any, admitted: list[Any]) -> Optional[ProducerPlan]:
+        if not self.active:
+            return None
+        if self._index is None:
+            self._index = SiblingIndex(self._waiting)
+        tokens = request_tokens(req)
+        excluded = {id(r) for r in admitted}
+        plan = plan_producer(
+            req, tokens, self._index.siblings(req, tokens), min_gain=self.config.min_gain_tokens, mode=self.mode,
+            cache_chunk=self.cache_chunk, excluded=excluded,
+        )
+        if plan is not None:
+            self._planned[str(req.rid)] = plan
+        return plan
+
+    def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
+        assert self.current is not None
+        self.current.admitted_rids.append(str(req.rid))
+        self.current.token_hit_sum += token_hit
+        self.current.state_hit_sum += int(req.prefix_len)
+        if plan is None:
+            return
+        if plan.mode is PublishMode.CHUNK_END and req.extend_end != plan.boundary:
+            return  # SGLang's single chunked-request slot was taken: no state at b this round, no promise
+        if plan.mode is PublishMode.TRACK:
+            req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
+        tokens = request_tokens(req)
+        self.promises.register(
+            namespace_of(req), tokens[: plan.boundary], plan.boundary, str(req.rid), self.current.round_id
+        )
+        self.current.producers += 1
+
+    # ---- publication (called by the cache) ----
+    def on_checkpoint(self, req: Any, up_to: int, ready_len: "callable", round_id: int) -> None:
+        """The producer's prefix up to `up_to` just entered the tree: publish what it reached, cancel what it passed."""
+        for promise in self.promises.for_producer(str(req.rid)):
+            if up_to < promise.boundary:
+                continue
+            if ready_len(promise) >= promise.boundary:
+                self.promises.publish(promise, round_id)
+            else:
+                self.promises.cancel(promise, round_id, "passed the boundary without a state")
+
+    def on_release(self, req: Any, round_id: int) -> None:
+        self.promises.cancel_producer(str(req.rid), round_id, "producer released before publishing")
