@@ -76,30 +76,37 @@ def _as_index_list(t: Optional[torch.Tensor]) -> Optional[list[int]]:
     return None if t is None else [int(x) for x in t.tolist()]
 
 
+def _as_index_tensor(indices: Optional[Sequence[int] | torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if indices is None else torch.as_tensor(indices).to(torch.long).reshape(-1)
+
+
 def _gather_states(
-    pool: Optional[torch.Tensor], indices: Optional[Sequence[int]], n: int, shape: tuple[int, ...]
+    pool: Optional[torch.Tensor], idx: Optional[torch.Tensor], n: int, shape: tuple[int, ...]
 ) -> torch.Tensor:
-    """Initial states [n, HV, V, K] float32. indices None: `pool` holds one state per sequence (or None: zeros)."""
+    """Initial states [n, HV, V, K] float32 (a fresh tensor). idx None: `pool` holds one state per sequence
+    (or is None: zeros); idx < 0: zeros."""
     if pool is None:
         return torch.zeros((n, *shape), dtype=torch.float32)
-    if indices is None:
+    if idx is None:
         assert pool.shape[0] == n and tuple(pool.shape[1:]) == shape, (pool.shape, n, shape)
-        return pool.float().clone()
-    idx = torch.tensor(indices, dtype=torch.long)
+        return pool.to(torch.float32, copy=True)
     valid = idx >= 0
+    if bool(valid.all()):
+        return pool.index_select(0, idx).to(torch.float32)  # index_select already copies
     out = torch.zeros((n, *shape), dtype=torch.float32)
     if bool(valid.any()):
         out[valid] = pool[idx[valid]].float()
     return out
 
 
-def _scatter_states(pool: torch.Tensor, indices: Optional[Sequence[int]], states: torch.Tensor) -> None:
-    if indices is None:
+def _scatter_states(pool: torch.Tensor, idx: Optional[torch.Tensor], states: torch.Tensor) -> None:
+    if idx is None:
         pool.copy_(states.to(pool.dtype))
         return
-    idx = torch.tensor(indices, dtype=torch.long)
     valid = idx >= 0
-    if bool(valid.any()):
+    if bool(valid.all()):
+        pool.index_copy_(0, idx, states.to(pool.dtype))
+    elif bool(valid.any()):
         pool[idx[valid]] = states[valid].to(pool.dtype)
 
 
@@ -136,13 +143,14 @@ def chunk_gated_delta_rule(
     n_seq = len(cu) - 1
     assert cu[0] == 0 and cu[-1] == total, (cu[:1], cu[-1:], total)
     assert g.shape == (total, num_v_heads) and beta.shape == (total, num_v_heads), (g.shape, beta.shape)
-    if initial_state_indices is not None:
-        assert len(initial_state_indices) == n_seq, (len(initial_state_indices), n_seq)
+    idx = _as_index_tensor(initial_state_indices)
+    if idx is not None:
+        assert idx.numel() == n_seq, (idx.numel(), n_seq)
     state_shape = (num_v_heads, head_v, head_k)
     if initial_state is not None:
         assert tuple(initial_state.shape[1:]) == state_shape, (initial_state.shape, state_shape)
 
-    S = _gather_states(initial_state, initial_state_indices, n_seq, state_shape)  # [N, HV, V, K]
+    S = _gather_states(initial_state, idx, n_seq, state_shape)  # [N, HV, V, K]
     out = torch.zeros((total, num_v_heads, head_v), dtype=torch.float32)
     lens = [cu[i + 1] - cu[i] for i in range(n_seq)]
     n_chunks = [(n + chunk_size - 1) // chunk_size for n in lens]
@@ -196,7 +204,7 @@ def chunk_gated_delta_rule(
             S[sid] = end_decay[cid] * S[sid] + U.transpose(-1, -2) @ Kd[cid]
         out = Oc.transpose(1, 2).reshape(nc * C, num_v_heads, head_v)[slot]
     if write_final_state and initial_state is not None:
-        _scatter_states(initial_state, initial_state_indices, S)
+        _scatter_states(initial_state, idx, S)
     return out.to(q.dtype), S
 
 
@@ -207,9 +215,9 @@ def recurrent_gated_delta_rule(
     g: torch.Tensor,
     beta: torch.Tensor,
     *,
-    cu_seqlens: Sequence[int],
+    cu_seqlens: Sequence[int] | torch.Tensor,
     state_pool: torch.Tensor,
-    state_indices: Sequence[int],
+    state_indices: Sequence[int] | torch.Tensor,
     scale: Optional[float] = None,
     use_qk_l2norm: bool = False,
     write_final_state: bool = True,
@@ -218,26 +226,34 @@ def recurrent_gated_delta_rule(
     the step loop runs over positions, all sequences of the batch at once. Returns o [T, HV, V] in q's dtype."""
     total, num_v_heads, head_v = v.shape
     head_k = q.shape[-1]
-    cu = [int(x) for x in cu_seqlens]
-    n_seq = len(cu) - 1
-    assert cu[0] == 0 and cu[-1] == total and len(state_indices) == n_seq, (cu, total, len(state_indices))
-    S = _gather_states(state_pool, state_indices, n_seq, (num_v_heads, head_v, head_k))
+    cu_t = torch.as_tensor(cu_seqlens).to(torch.long).reshape(-1)
+    idx = _as_index_tensor(state_indices)
+    n_seq = cu_t.numel() - 1
+    assert int(cu_t[0]) == 0 and int(cu_t[-1]) == total and idx.numel() == n_seq, (cu_t, total, idx)
+    S = _gather_states(state_pool, idx, n_seq, (num_v_heads, head_v, head_k))  # [N, HV, V, K]
     qf, kf = _prepare_qk(q, k, num_v_heads, use_qk_l2norm, scale)
     vf, gf, bf = v.float(), g.float(), beta.float()
-    out = torch.zeros((total, num_v_heads, head_v), dtype=torch.float32)
-    lens = [cu[i + 1] - cu[i] for i in range(n_seq)]
-    for s in range(max(lens, default=0)):
-        seqs = [i for i in range(n_seq) if lens[i] > s]
-        sid = torch.tensor(seqs, dtype=torch.long)
-        tok = torch.tensor([cu[i] + s for i in seqs], dtype=torch.long)
-        St = S[sid] * gf[tok].exp()[..., None, None]  # [n, HV, V, K]
-        kt = kf[tok]
-        u = bf[tok].unsqueeze(-1) * (vf[tok] - (St @ kt.unsqueeze(-1)).squeeze(-1))  # [n, HV, V]
-        St = St + u.unsqueeze(-1) * kt.unsqueeze(-2)
-        out[tok] = (St @ qf[tok].unsqueeze(-1)).squeeze(-1)
-        S[sid] = St
+    lens_t = cu_t[1:] - cu_t[:-1]
+    if total == n_seq and bool((lens_t == 1).all()):  # decode: token i is sequence i's only token
+        S = S * gf.exp()[..., None, None]
+        u = bf.unsqueeze(-1) * (vf - (S @ kf.unsqueeze(-1)).squeeze(-1))  # [N, HV, V]
+        S = S + u.unsqueeze(-1) * kf.unsqueeze(-2)
+        out = (S @ qf.unsqueeze(-1)).squeeze(-1)
+    else:
+        cu, lens = cu_t.tolist(), lens_t.tolist()
+        out = torch.zeros((total, num_v_heads, head_v), dtype=torch.float32)
+        for s in range(max(lens, default=0)):
+            seqs = [i for i in range(n_seq) if lens[i] > s]
+            sid = torch.tensor(seqs, dtype=torch.long)
+            tok = torch.tensor([cu[i] + s for i in seqs], dtype=torch.long)
+            St = S[sid] * gf[tok].exp()[..., None, None]
+            kt = kf[tok]
+            u = bf[tok].unsqueeze(-1) * (vf[tok] - (St @ kt.unsqueeze(-1)).squeeze(-1))
+            St = St + u.unsqueeze(-1) * kt.unsqueeze(-2)
+            out[tok] = (St @ qf[tok].unsqueeze(-1)).squeeze(-1)
+            S[sid] = St
     if write_final_state:
-        _scatter_states(state_pool, state_indices, S)
+        _scatter_states(state_pool, idx, S)
     return out.to(q.dtype)
 
 
@@ -275,7 +291,7 @@ def chunk_gated_delta_rule_cpu(
         _flat_tokens(beta, "beta"),
         cu_seqlens=_as_index_list(cu_seqlens),
         initial_state=initial_state,
-        initial_state_indices=_as_index_list(initial_state_indices),
+        initial_state_indices=initial_state_indices,
         scale=scale,
         use_qk_l2norm=use_qk_l2norm_in_kernel,
     )
@@ -313,9 +329,9 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
         vf,
         g,
         beta,
-        cu_seqlens=_as_index_list(cu_seqlens),
+        cu_seqlens=cu_seqlens,
         state_pool=initial_state_source,
-        state_indices=_as_index_list(initial_state_indices),
+        state_indices=initial_state_indices,
         scale=scale,
         use_qk_l2norm=use_qk_l2norm_in_kernel,
     )
@@ -430,20 +446,27 @@ def causal_conv1d_update_cpu(
     assert conv_state.shape[-2:] == (dim, hist), (
         f"conv state {tuple(conv_state.shape)} must be [slots, {dim}, {hist}] (state_len == width - 1)"
     )
-    slots = _as_index_list(conv_state_indices) if conv_state_indices is not None else list(range(batch))
-    assert len(slots) == batch, (len(slots), batch)
-    idx = torch.tensor(slots, dtype=torch.long)
+    idx = (
+        torch.arange(batch, dtype=torch.long) if conv_state_indices is None else _as_index_tensor(conv_state_indices)
+    )
+    assert idx.numel() == batch, (idx.numel(), batch)
     valid = idx != pad_slot_id
-    state = torch.zeros((batch, dim, hist), dtype=conv_state.dtype)
-    if bool(valid.any()):
+    all_valid = bool(valid.all())
+    if all_valid:
+        state = conv_state.index_select(0, idx)
+    else:
+        state = torch.zeros((batch, dim, hist), dtype=conv_state.dtype)
         state[valid] = conv_state[idx[valid]]
     full = torch.cat([state.to(x3.dtype), x3], dim=-1)  # [B, dim, hist + L]
     w = weight.float().unsqueeze(1)
     y = F.conv1d(full.float(), w, None if bias is None else bias.float(), groups=dim)  # [B, dim, L]
     if silu:
         y = F.silu(y)
-    if bool(valid.any()):
-        conv_state[idx[valid]] = full[valid][..., -hist:].to(conv_state.dtype)
+    new_state = full[..., -hist:].to(conv_state.dtype)
+    if all_valid:
+        conv_state.index_copy_(0, idx, new_state)
+    elif bool(valid.any()):
+        conv_state[idx[valid]] = new_state[valid]
     y = y.to(x.dtype)
     return y.squeeze(-1) if squeeze else y
 

@@ -215,15 +215,16 @@ def _gates(A_log, a, b, dt_bias):
     return g, torch.sigmoid(b.to(F64))
 
 
+@pytest.mark.parametrize("with_pad", [True, False])
 @pytest.mark.parametrize("lens", [[1, 1, 1, 1, 1], [3, 1, 2]])
-def test_decode_update_matches_reference(lens: list[int]) -> None:
+def test_decode_update_matches_reference(lens: list[int], with_pad: bool) -> None:
     torch.manual_seed(5)
     T, H, HV, K, V = sum(lens), 2, 4, 16, 24
     q, k, v = _rand(1, T, H, K), _rand(1, T, H, K), _rand(1, T, HV, V)
     a, b = _rand(T, HV), _rand(T, HV)
     A_log, dt_bias = _rand(HV, scale=0.5), _rand(HV, scale=0.5)
     pool = _rand(9, HV, V, K, scale=0.5)
-    indices = torch.tensor([6, 1, -1, 8, 2][: len(lens)], dtype=torch.int32)
+    indices = torch.tensor(([6, 1, -1, 8, 2] if with_pad else [6, 1, 0, 8, 2])[: len(lens)], dtype=torch.int32)
     cu = torch.tensor(_cu(lens), dtype=torch.int32)
     g, beta = _gates(A_log, a, b, dt_bias)
     ref_o, ref_pool, _ = ref_gated_delta_rule(q[0], k[0], v[0], g, beta, cu.tolist(), pool.clone(), indices.tolist(),
@@ -311,14 +312,15 @@ def test_causal_conv1d_fn_varlen_matches_reference(silu: bool, with_bias: bool) 
     assert torch.equal(states[[2, 4, 5, 7, 8]], before[[2, 4, 5, 7, 8]])
 
 
+@pytest.mark.parametrize("with_pad", [True, False])
 @pytest.mark.parametrize("seqlen", [1, 2])
-def test_causal_conv1d_update_matches_reference(seqlen: int) -> None:
+def test_causal_conv1d_update_matches_reference(seqlen: int, with_pad: bool) -> None:
     torch.manual_seed(9)
     batch, dim, width = 5, 12, 4
     x = _rand(batch, dim, seqlen)
     weight, bias = _rand(dim, width), _rand(dim)
     states = _rand(8, dim, width - 1)
-    slots = torch.tensor([7, 0, -1, 4, 2], dtype=torch.int32)
+    slots = torch.tensor([7, 0, -1, 4, 2] if with_pad else [7, 0, 1, 4, 2], dtype=torch.int32)
     before = states.clone()
     out = ops.causal_conv1d_update_cpu(
         x[..., 0] if seqlen == 1 else x, states, weight, bias, "silu", conv_state_indices=slots
@@ -331,7 +333,9 @@ def test_causal_conv1d_update_matches_reference(seqlen: int) -> None:
         torch.testing.assert_close(got.to(F64), ref, rtol=1e-5, atol=1e-5)
         if slots[i] >= 0:
             torch.testing.assert_close(states[slots[i]].to(F64), ref_states[slots[i]], rtol=0, atol=0)
-    assert torch.equal(states[[1, 3, 5, 6]], before[[1, 3, 5, 6]])
+    assert torch.equal(states[[3, 5, 6]], before[[3, 5, 6]])
+    if with_pad:
+        assert torch.equal(states[1], before[1])
 
 
 def test_conv_prefill_then_update_equals_prefill_of_everything() -> None:
