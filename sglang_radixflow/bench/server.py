@@ -171,9 +171,10 @@ class SGLangServer:
         req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read())
+                body = resp.read()
         except urllib.error.HTTPError as err:
             raise ServerError(f"POST {path} -> HTTP {err.code}: {err.read().decode(errors='replace')}") from err
+        return json.loads(body) if body.strip() else None
 
     def get(self, path: str, timeout: float = 60.0) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
@@ -186,7 +187,9 @@ class SGLangServer:
     def generate(self, input_ids: Sequence[int], max_new_tokens: int = 8, **extra: Any) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, **extra.pop("sampling", {})},
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, **extra.pop("sampling", {})
+            },
             **extra,
         }
         return self.post("/generate", payload)

@@ -19,6 +19,9 @@ from sglang_radixflow.models import HYBRID_ARCHS
 
 ARCHS = ("nemotron_h", "qwen3", "qwen3_next")
 FLOAT32 = ("--dtype", "float32")
+# SGLang keeps the Mamba conv state in bf16 by default even under --dtype float32: that alone moves logprobs by
+# ~7e-4 right after a cache or chunk boundary. Parity servers keep it in float32 too.
+FLOAT32_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 NEW_TOKENS = 12
 LOGPROB_TOL = 2e-4  # float32 HF vs SGLang; a wrong context moves these by far more (asserted below)
 REGISTERED_LINE = "Tree cache initialized: source=registered('radixflow')"
@@ -38,8 +41,8 @@ def arch(request: pytest.FixtureRequest) -> str:
 def servers(arch: str, model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangServer]]:
     """A native and a radixflow server for `arch`; the flag is spelled both ways across architectures."""
     flag = ["--radix-cache", "radixflow"] if arch == "qwen3" else ["--radix-cache-backend", "radixflow"]
-    native = SGLangServer(str(model_dirs[arch]), radix_cache=None, extra_args=FLOAT32)
-    ours = SGLangServer(str(model_dirs[arch]), radix_cache=None, extra_args=[*FLOAT32, *flag])
+    native = SGLangServer(str(model_dirs[arch]), radix_cache=None, extra_args=FLOAT32, env=FLOAT32_ENV)
+    ours = SGLangServer(str(model_dirs[arch]), radix_cache=None, extra_args=[*FLOAT32, *flag], env=FLOAT32_ENV)
     with native, ours:
         yield {"native": native, "radixflow": ours}
 
@@ -48,12 +51,15 @@ def servers(arch: str, model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLang
 def hf_model(arch: str, model_dirs: dict[str, Path]):  # noqa: ANN201
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(str(model_dirs[arch]), dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dirs[arch]), dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # compare fixed-length continuations (SGLang: ignore_eos)
+    return model
 
 
 def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:  # noqa: ANN001
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
