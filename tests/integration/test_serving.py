@@ -58,7 +58,7 @@ def hf_model(arch: str, model_dirs: dict[str, Path]):  # noqa: ANN201
 
 def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:  # noqa: ANN001
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
                              pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
