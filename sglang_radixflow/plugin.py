@@ -18,6 +18,7 @@ logger = logging.getLogger("sglang_radixflow")
 
 BACKEND_NAME = "radixflow"
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
 
 
 class _PluginState:
@@ -68,6 +69,8 @@ def _register_hooks() -> None:
     HookRegistry.register(f"{_SCHEDULER}.get_next_batch_to_run", _before_next_batch, HookType.BEFORE)
     HookRegistry.register(f"{_SCHEDULER}.get_prefill_adder_class", _prefill_adder_class, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}._get_new_batch_prefill_raw", _around_prefill_pass, HookType.AROUND)
+    HookRegistry.register(f"{_SCHEDULER}.run_batch", _around_run_batch, HookType.AROUND)
+    HookRegistry.register(f"{_STREAMER}.is_request_level_customized_info_key", _request_level_key, HookType.AROUND)
     _PluginState.hooks_registered = True
 
 
@@ -99,3 +102,17 @@ def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -
     from sglang_radixflow.schedule.binding import run_prefill_pass
 
     return run_prefill_pass(orig, scheduler, sched, *args, **kwargs)
+
+
+def _around_run_batch(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    if getattr(scheduler.tree_cache, "rf_sched", None) is None:
+        return orig(scheduler, batch, *args, **kwargs)
+    from sglang_radixflow.schedule.binding import run_batch
+
+    return run_batch(orig, scheduler, batch, *args, **kwargs)
+
+
+def _request_level_key(orig: Any, streamer: Any, key: str) -> bool:
+    from sglang_radixflow.schedule.binding import META_KEYS
+
+    return key in META_KEYS or orig(streamer, key)

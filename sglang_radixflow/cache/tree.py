@@ -73,7 +73,7 @@ class RadixFlowCache(UnifiedRadixCache):
         else:
             mode = PublishMode.TRACK if self.enable_mamba_extra_buffer else PublishMode.CHUNK_END
             chunk = int(mamba.mamba_cache_chunk_size)
-        self.rf_sched = SchedulingState(config, mode, chunk)
+        self.rf_sched = SchedulingState(config, mode, chunk, state_ready_len=self.state_ready_len, trace=self.rf_trace)
 
     def state_ready_len(self, namespace: Any, tokens: Any) -> int:
         """Deepest node boundary on `tokens`' path where every component is present and published. Read-only:

@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Optional
 
 from sglang_radixflow.schedule.state import SchedulingState
 
 logger = logging.getLogger("sglang_radixflow")
+
+# meta_info keys (request-level customized info: emitted once, when the request finishes)
+META_TOKEN_HIT = "radixflow_token_hit"
+META_STATE_HIT = "radixflow_state_hit"
+META_KEYS = frozenset({META_TOKEN_HIT, META_STATE_HIT})
 
 
 def bind_scheduler(scheduler: Any) -> None:
@@ -23,16 +29,88 @@ def bind_scheduler(scheduler: Any) -> None:
     ):
         if getattr(scheduler, flag, False):
             sched.disable_traversal(f"--{flag.replace('_', '-')} is on: {why}")
+    if getattr(scheduler, "prefill_delayer", None) is not None and sched.gate.mode != "native":
+        logger.warning("sglang-radixflow: admission hold disabled: SGLang's prefill delayer is on")
+        sched.gate.mode = "native"
+    sched.recorder.enable_metrics(bool(getattr(scheduler, "enable_metrics", False)))
     logger.info(
-        "sglang-radixflow: bound to scheduler (arm=%s traversal=%s publish=%s)",
-        sched.config.arm, sched.traversal, sched.mode.value,
+        "sglang-radixflow: bound to scheduler (arm=%s traversal=%s admission=%s publish=%s)",
+        sched.config.arm, sched.traversal, sched.gate.mode, sched.mode.value,
     )
 
 
+def budgets(scheduler: Any, running_batch: Any) -> tuple[int, Optional[int]]:
+    """(S, T): rows a prefill round may take now, and its token budget (chunked prefill size, else the cap)."""
+    rows = int(scheduler.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch))
+    for cap in (getattr(scheduler, "max_prefill_bs", 0), getattr(scheduler, "prefill_max_requests", None)):
+        if cap:
+            rows = min(rows, int(cap))
+    chunk = scheduler.chunked_prefill_size
+    tokens = chunk if chunk is not None and chunk > 0 else scheduler.max_prefill_tokens
+    return rows, tokens
+
+
+def _decide_once(scheduler: Any, hold: bool) -> bool:
+    """TP ranks must agree: rank 0's wall-clock decision is broadcast to the others."""
+    if getattr(scheduler, "tp_size", 1) <= 1:
+        return hold
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(hold)], dtype=torch.int32)
+    group = scheduler.tp_cpu_group
+    dist.broadcast(flag, src=dist.get_global_rank(group, 0), group=group)
+    return bool(flag.item())
+
+
 def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: SchedulingState, *args: Any, **kwargs: Any):
-    """One call of Scheduler._get_new_batch_prefill_raw with the pass scratch set up around it."""
-    sched.begin_pass(scheduler.forward_ct + 1, scheduler.waiting_queue)
+    """One call of Scheduler._get_new_batch_prefill_raw: admission hold, then the pass with its scratch."""
+    running_batch = args[1] if len(args) > 1 else kwargs["running_batch"]
+    waiting = scheduler.waiting_queue
+    if sched.gate.mode != "native" and waiting and scheduler.chunked_req is None:
+        rows, tokens = budgets(scheduler, running_batch)
+        busy = not running_batch.is_empty() or len(getattr(scheduler, "result_queue", ()) or ()) > 0
+        decision = sched.gate.decide(waiting=waiting, worker_busy=busy, row_budget=rows, token_budget=tokens)
+        if _decide_once(scheduler, decision.hold):
+            return None, running_batch
+    rows, tokens = budgets(scheduler, running_batch)
+    sched.begin_pass(scheduler.forward_ct + 1, waiting)
     try:
-        return orig(scheduler, *args, **kwargs)
+        result = orig(scheduler, *args, **kwargs)
     finally:
-        sched.end_pass()
+        stats = sched.end_pass()
+    new_batch = result[0] if isinstance(result, tuple) else None
+    if stats is not None and new_batch is not None:
+        sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)
+    return result
+
+
+def note_admitted_meta(req: Any, token_hit: int, state_hit: int) -> None:
+    """ĥ and h in the response's meta_info, through SGLang's customized-info channel (no SGLang file patched)."""
+    info = req.customized_info if req.customized_info is not None else {}
+    info.setdefault(META_TOKEN_HIT, [token_hit])
+    info.setdefault(META_STATE_HIT, [state_hit])
+    req.customized_info = info
+
+
+def run_batch(orig: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """One worker call: host time c(B_t) and the round record."""
+    sched: SchedulingState = scheduler.tree_cache.rf_sched
+    start = time.perf_counter()
+    result = orig(scheduler, batch, *args, **kwargs)
+    host_time = time.perf_counter() - start
+    sched.gate.forget_demands()
+    mode = batch.forward_mode
+    kind = "mixed" if mode.is_mixed() else "prefill" if mode.is_extend() else "decode" if mode.is_decode() else "idle"
+    record: dict[str, Any] = {
+        "round": int(scheduler.forward_ct), "kind_of_round": kind, "rows": len(batch.reqs),
+        "tokens": int(batch.extend_num_tokens or 0) if kind in ("prefill", "mixed") else len(batch.reqs),
+        "host_time_s": host_time,
+    }
+    pending = sched.pending_pass
+    if pending is not None and pending[0] is batch:
+        sched.pending_pass = None
+        _, stats, row_budget, token_budget, waiting_after = pending
+        record.update(sched.pass_record(stats, row_budget, token_budget, waiting_after))
+    sched.recorder.record(record)
+    return result

@@ -6,11 +6,15 @@ One instance per RadixFlowCache (one per scheduler / TP rank). Every decision re
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable
 from sglang_radixflow.config import RadixFlowConfig
+from sglang_radixflow.observe.rounds import RoundRecorder
+from sglang_radixflow.observe.trace import TraceWriter
+from sglang_radixflow.schedule.admission import AdmissionGate
 from sglang_radixflow.schedule.producers import (
     ProducerPlan,
     PublishMode,
@@ -37,11 +41,19 @@ class PassStats:
     admitted_rids: list[str] = field(default_factory=list)
     token_hit_sum: int = 0
     state_hit_sum: int = 0
+    first_selection_wait_s: list[float] = field(default_factory=list)
+    promises_before: tuple[int, int, int] = (0, 0, 0)
 
 
 class SchedulingState:
-    def __init__(self, config: RadixFlowConfig, mode: PublishMode, cache_chunk: int) -> None:
+    def __init__(
+        self, config: RadixFlowConfig, mode: PublishMode, cache_chunk: int,
+        state_ready_len: Optional[Callable[[Any, Any], int]] = None, trace: Optional[TraceWriter] = None,
+    ) -> None:
         self.config = config
+        self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0))
+        self.recorder = RoundRecorder(trace or TraceWriter(None))
+        self.pending_pass: Optional[tuple] = None  # (batch, PassStats, S, T, waiting after) until run_batch
         self.mode = mode
         self.cache_chunk = max(1, cache_chunk)
         self.promises = PromiseTable()
@@ -60,7 +72,10 @@ class SchedulingState:
 
     def begin_pass(self, round_id: int, waiting: list[Any]) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
-        self.current = PassStats(round_id=round_id, waiting=len(waiting))
+        c = self.promises.counters
+        self.current = PassStats(
+            round_id=round_id, waiting=len(waiting), promises_before=(c.registered, c.published, c.cancelled)
+        )
         self._waiting = waiting
         self._index = None
 
@@ -111,10 +126,16 @@ class SchedulingState:
         return plan
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
+        from sglang_radixflow.schedule.binding import note_admitted_meta
+
         assert self.current is not None
         self.current.admitted_rids.append(str(req.rid))
         self.current.token_hit_sum += token_hit
         self.current.state_hit_sum += int(req.prefix_len)
+        entered = float(req.time_stats.wait_queue_entry_time or 0.0)
+        if entered > 0.0:
+            self.current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
+        note_admitted_meta(req, token_hit, int(req.prefix_len))
         if plan is None:
             return
         if plan.mode is PublishMode.CHUNK_END and req.extend_end != plan.boundary:
@@ -126,6 +147,33 @@ class SchedulingState:
             namespace_of(req), tokens[: plan.boundary], plan.boundary, str(req.rid), self.current.round_id
         )
         self.current.producers += 1
+
+    def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
+                    ) -> dict[str, Any]:
+        """The prefill-pass half of a round record (see observe/rounds.py)."""
+        c = self.promises.counters
+        reg0, pub0, can0 = stats.promises_before
+        bubble = (
+            stats.stopped_on_blocked
+            and len(stats.admitted_rids) < row_budget
+            and any(self.blocking_promise_unbounded(r) is None for r in waiting_after)
+        )
+        return {
+            "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
+            "blocked_skips": stats.blocked_skips, "deferred": len(waiting_after), "producers": stats.producers,
+            "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
+            "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,
+            "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,
+            "state_hit_sum": stats.state_hit_sum, "admitted": stats.admitted_rids,
+            "first_selection_wait_s": stats.first_selection_wait_s,
+        }
+
+    def blocking_promise_unbounded(self, req: Any) -> Optional[Promise]:
+        tokens = request_tokens(req)
+        return self.promises.blocking(
+            namespace_of(req), tokens, int(getattr(req, "prefix_len", 0) or 0), key_limit(req, tokens),
+            self.config.min_gain_tokens, exclude_rid=str(req.rid),
+        )
 
     # ---- publication (called by the cache) ----
     def on_checkpoint(self, req: Any, up_to: int, ready_len: "callable", round_id: int) -> None:

@@ -33,9 +33,11 @@ def make_request(rid: str, tokens: Sequence[int], max_new_tokens: int = 1, cache
 class PassHarness:
     """One scheduler (fake self) over a real RadixFlowCache; `run_pass()` is one prefill scheduling pass."""
 
-    def __init__(self, components, arm: str = "radixflow", token_budget: int = 4096, rows: int = 16, **cfg: Any):
+    def __init__(self, components, arm: str = "radixflow", token_budget: int = 4096, rows: int = 16,
+                 admission: str = "native", **cfg: Any):
+        """admission: the arm's admission is replaced (native by default) so that a pass never holds."""
         self.cache, self.allocator, self.pool = build_radixflow(components, **cfg)
-        self.cache.configure(load_config({"RADIXFLOW_ARM": arm}))
+        self.cache.configure(load_config({"RADIXFLOW_ARM": arm, "RADIXFLOW_ADMISSION": admission}))
         self.forward_ct = 0
         self.cache.rf_clock.bind(lambda: self.forward_ct)
         self.traversal = self.cache.rf_sched.traversal
@@ -60,7 +62,9 @@ class PassHarness:
         self.sched._add_request_to_queue = self.sched.waiting_queue.append
 
     def submit(self, *reqs: Req) -> None:
-        self.sched.waiting_queue.extend(reqs)
+        for req in reqs:  # what Scheduler._add_request_to_queue does
+            req.time_stats.set_wait_queue_entry_time()
+            self.sched.waiting_queue.append(req)
 
     def run_pass(self) -> list[Req]:
         """One prefill pass; returns the admitted requests (the batch of this round)."""

@@ -1,0 +1,84 @@
+"""Flexible admission: while the worker is idle, hold fresh arrivals a few ms before a prefill scan, so siblings
+that arrive together are scanned together (one producer, deferred consumers) instead of one per round.
+
+Release (scan now) as soon as ANY holds (`flex`):
+  (1) the worker has running work (a decode batch, a chunked prefill in progress);
+  (2) the held requests fill the rows a prefill round can take;
+  (3) their remaining token demand (prompt length minus the current state-ready hit) fills the token budget;
+  (4) the oldest held request has waited `hold_ms`.
+`timer` (the Timer5 / Timer10 controls) releases only on (4). A request never waits for its siblings: the deadline
+runs from the oldest arrival. With tensor parallelism the release is decided once (rank 0) and broadcast.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from sglang_radixflow.schedule.producers import namespace_of, request_tokens
+
+
+@dataclass(frozen=True)
+class HoldDecision:
+    hold: bool
+    reason: str
+
+
+def _arrival(req: Any) -> float:
+    ts = float(req.time_stats.wait_queue_entry_time)
+    assert ts > 0.0, "SGLang stamps wait_queue_entry_time when a request enters the waiting queue"
+    return ts
+
+
+class AdmissionGate:
+    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int]) -> None:
+        assert mode in ("native", "flex", "timer"), mode
+        self.mode = mode
+        self.hold_s = hold_ms / 1000.0
+        self._state_ready_len = state_ready_len
+        self._demand: dict[str, int] = {}  # rid -> remaining tokens, valid until the next round runs
+        self._holding = False
+        self.holds = 0  # passes skipped to hold arrivals
+        self.releases: dict[str, int] = {}  # why holds ended
+
+    def forget_demands(self) -> None:
+        """A round ran: the tree changed, so cached demands are stale."""
+        self._demand.clear()
+
+    def decide(self, *, waiting: list[Any], worker_busy: bool, row_budget: int, token_budget: Optional[int],
+               now: Optional[float] = None) -> HoldDecision:
+        if self.mode == "native" or not waiting or self.hold_s <= 0:
+            return HoldDecision(False, "native")
+        now = time.perf_counter() if now is None else now
+        if now - min(_arrival(r) for r in waiting) >= self.hold_s:
+            return self._release("deadline")
+        if self.mode == "timer":
+            return self._hold()
+        if worker_busy:
+            return self._release("worker busy")
+        if len(waiting) >= row_budget:
+            return self._release("rows full")
+        if token_budget is not None and self._remaining_demand(waiting) >= token_budget:
+            return self._release("tokens full")
+        return self._hold()
+
+    def _remaining_demand(self, waiting: list[Any]) -> int:
+        total = 0
+        for req in waiting:
+            rid = str(req.rid)
+            if rid not in self._demand:
+                tokens = request_tokens(req)
+                self._demand[rid] = len(tokens) - self._state_ready_len(namespace_of(req), tokens)
+            total += self._demand[rid]
+        return total
+
+    def _hold(self) -> HoldDecision:
+        self.holds += 1
+        self._holding = True
+        return HoldDecision(True, "hold")
+
+    def _release(self, reason: str) -> HoldDecision:
+        if self._holding:
+            self.releases[reason] = self.releases.get(reason, 0) + 1
+        self._holding = False
+        return HoldDecision(False, reason)
