@@ -30,12 +30,17 @@ def _batch(server: SGLangServer, prompts: list[list[int]], rids: list[str] | Non
 
 
 @pytest.fixture(scope="module")
-def hybrid_servers(model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangServer]]:
+def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trace") / "radixflow.jsonl"
+
+
+@pytest.fixture(scope="module")
+def hybrid_servers(model_dirs: dict[str, Path], trace_path: Path) -> Iterator[dict[str, SGLangServer]]:
     model = str(model_dirs["nemotron_h"])
     servers = {
         "sglang": SGLangServer(model, radix_cache=None),
         "prefix-stop": SGLangServer(model, env={"RADIXFLOW_ARM": "prefix-stop"}),
-        "radixflow": SGLangServer(model),
+        "radixflow": SGLangServer(model, env={"RADIXFLOW_TRACE": str(trace_path)}),
     }
     try:
         for s in servers.values():
@@ -60,6 +65,9 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
     assert cached["prefix-stop"] == cached["radixflow"]
     outputs = {arm: [o["output_ids"] for o in out] for arm, out in results.items()}
     assert outputs["radixflow"] == outputs["sglang"] == outputs["prefix-stop"]
+    # ĥ and h per request in meta_info: the consumers' token hit is state-ready too.
+    meta = [(o["meta_info"]["radixflow_token_hit"], o["meta_info"]["radixflow_state_hit"]) for o in results["radixflow"]]
+    assert meta == [([0], [0]), ([DOC_LEN], [DOC_LEN]), ([DOC_LEN], [DOC_LEN]), ([DOC_LEN], [DOC_LEN]), ([0], [0])]
     # SGLang's scheduler log: the producer's document chunk shared its round with the unrelated request.
     log = hybrid_servers["radixflow"].log_text()
     assert f"#new-seq: 2, #new-token: {DOC_LEN + 300}, #cached-token: 0" in log
@@ -110,3 +118,20 @@ def test_mixed_workload_leaves_no_leak(hybrid_servers: dict[str, SGLangServer]) 
     time.sleep(2.0)
     assert server.generate([9, 8, 7], 2)["output_ids"]
     assert LEAK not in server.log_text()
+
+
+def test_round_trace_records_the_producer_round_and_the_consumer_round(
+    hybrid_servers: dict[str, SGLangServer], trace_path: Path
+) -> None:
+    from sglang_radixflow.observe.trace import read_trace
+
+    cands, other = _workload(3)
+    _batch(hybrid_servers["radixflow"], cands + [other])
+    time.sleep(0.5)
+    rounds = [r for r in read_trace(str(trace_path), "round") if r["kind_of_round"] == "prefill" and r["rows"] > 1]
+    producer_round = next(r for r in rounds if r["producers"] == 1 and r["blocked_skips"] == 3)
+    assert producer_round["rows"] == 2 and producer_round["tokens"] == DOC_LEN + 300
+    assert producer_round["deferred"] == 3 and not producer_round["avoidable_bubble"]
+    consumer_round = next(r for r in rounds if r["round"] == producer_round["round"] + 1)
+    assert consumer_round["rows"] == 4 and consumer_round["state_hit_sum"] == 3 * DOC_LEN
+    assert all(r["host_time_s"] > 0 for r in rounds)
