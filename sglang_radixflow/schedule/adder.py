@@ -14,6 +14,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _Pre
 
 from sglang_radixflow.cache.tree import token_hit
 from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode
+from sglang_radixflow.schedule.state import FRAG_SKIPS
 
 # SGLang internals this module relies on (fail loudly on upgrade):
 assert {"prefix_len", "extend_len", "max_new_tokens", "is_chunked", "replay_len"} <= {
@@ -43,6 +44,11 @@ class RadixFlowPrefillAdder(PrefillAdder):
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
 
+        if sched.config.fragmentation and self._would_fragment(req, sched):
+            sched.note_fragment_skip(req)
+            release_staged(req, self.tree_cache)
+            return AddReqResult.CONTINUE
+
         plan = sched.plan(req, self.can_run_list)
         self._rf_plan = plan
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
@@ -53,6 +59,19 @@ class RadixFlowPrefillAdder(PrefillAdder):
         if self.can_run_list and self.can_run_list[-1] is req:
             sched.note_admitted(req, plan, token_hit(req))
         return result
+
+    def _would_fragment(self, req: Any, sched: Any) -> bool:
+        """The remaining budget would cut `req` into a fragment below one checkpoint grid (it would publish no
+        state): leave it for a later round, where it starts a chunk, while later requests may still fit. Bounded."""
+        remaining = self.rem_chunk_tokens
+        extend = len(req.full_untruncated_fill_ids) - int(req.prefix_len)
+        return (
+            remaining is not None
+            and bool(self.can_run_list)
+            and 0 < remaining < extend
+            and remaining < sched.fragment_min_tokens
+            and getattr(req, FRAG_SKIPS, 0) < sched.config.max_defer_rounds
+        )
 
     def _select_prefill_admission(self, req: Any, **kwargs: Any):
         admission = super()._select_prefill_admission(req, **kwargs)

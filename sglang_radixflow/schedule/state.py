@@ -27,6 +27,8 @@ from sglang_radixflow.schedule.producers import (
 
 logger = logging.getLogger("sglang_radixflow")
 DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: rounds this request was deferred as Blocked
+FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
+FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
 
 
 @dataclass
@@ -36,6 +38,7 @@ class PassStats:
     round_id: int
     waiting: int
     blocked_skips: int = 0
+    fragment_skips: int = 0
     stopped_on_blocked: bool = False
     producers: int = 0
     admitted_rids: list[str] = field(default_factory=list)
@@ -56,6 +59,7 @@ class SchedulingState:
         self.pending_pass: Optional[tuple] = None  # (batch, PassStats, S, T, waiting after) until run_batch
         self.mode = mode
         self.cache_chunk = max(1, cache_chunk)
+        self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self.promises = PromiseTable()
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
@@ -109,6 +113,11 @@ class SchedulingState:
         if self.traversal == "stop":
             self.current.stopped_on_blocked = True
 
+    def note_fragment_skip(self, req: Any) -> None:
+        setattr(req, FRAG_SKIPS, getattr(req, FRAG_SKIPS, 0) + 1)
+        assert self.current is not None
+        self.current.fragment_skips += 1
+
     # ---- producers ----
     def plan(self, req: Any, admitted: list[Any]) -> Optional[ProducerPlan]:
         if not self.active:
@@ -160,7 +169,7 @@ class SchedulingState:
         )
         return {
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
-            "blocked_skips": stats.blocked_skips, "deferred": len(waiting_after), "producers": stats.producers,
+            "blocked_skips": stats.blocked_skips, "fragment_skips": stats.fragment_skips, "deferred": len(waiting_after), "producers": stats.producers,
             "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
             "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,

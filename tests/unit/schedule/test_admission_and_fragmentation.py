@@ -1,0 +1,84 @@
+"""Flexible admission decisions, and the fragmentation ablation on SGLang's real prefill pass."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from sglang_radixflow.schedule.admission import AdmissionGate
+from tests.unit.cache.helpers import FULL
+from tests.unit.schedule.harness import PassHarness, make_request
+
+
+def _req(rid: str, n: int, arrived: float):  # noqa: ANN202
+    return SimpleNamespace(
+        rid=rid, origin_input_ids=list(range(n)), output_ids=[], extra_key=None, cache_salt=None,
+        time_stats=SimpleNamespace(wait_queue_entry_time=arrived),
+    )
+
+
+def gate(mode: str, hold_ms: float = 5.0, hit: int = 0) -> AdmissionGate:
+    return AdmissionGate(mode, hold_ms, state_ready_len=lambda ns, toks: hit)
+
+
+def test_flex_holds_fresh_arrivals_while_the_worker_is_idle() -> None:
+    g = gate("flex")
+    d = g.decide(waiting=[_req("a", 100, 10.000)], worker_busy=False, row_budget=8, token_budget=4096, now=10.001)
+    assert d.hold
+
+
+def test_flex_releases_early_for_each_reason() -> None:
+    waiting = [_req(f"r{i}", 1000, 10.0) for i in range(4)]
+    cases = {
+        "worker busy": dict(worker_busy=True, row_budget=8, token_budget=10**6),
+        "rows full": dict(worker_busy=False, row_budget=4, token_budget=10**6),
+        "tokens full": dict(worker_busy=False, row_budget=8, token_budget=4000),
+    }
+    for reason, kwargs in cases.items():
+        d = gate("flex").decide(waiting=waiting, now=10.001, **kwargs)
+        assert (d.hold, d.reason) == (False, reason)
+    # The token demand is what is left after the state-ready hit: with 900 cached per request, 4 x 100 < 4000.
+    d = gate("flex", hit=900).decide(waiting=waiting, worker_busy=False, row_budget=8, token_budget=4000, now=10.001)
+    assert d.hold
+
+
+def test_deadline_runs_from_the_oldest_arrival_so_nobody_waits_for_siblings() -> None:
+    waiting = [_req("old", 10, 10.000), _req("new", 10, 10.004)]
+    d = gate("flex").decide(waiting=waiting, worker_busy=False, row_budget=8, token_budget=4096, now=10.005)
+    assert (d.hold, d.reason) == (False, "deadline")
+
+
+def test_timer_ignores_early_release_but_not_its_deadline() -> None:
+    waiting = [_req(f"r{i}", 5000, 10.0) for i in range(8)]
+    held = gate("timer", 10.0).decide(waiting=waiting, worker_busy=True, row_budget=1, token_budget=10, now=10.009)
+    assert held.hold
+    g = gate("timer", 10.0)
+    assert not g.decide(waiting=waiting, worker_busy=False, row_budget=8, token_budget=10, now=10.011).hold
+
+
+def test_native_never_holds_and_release_reasons_are_counted() -> None:
+    assert not gate("native").decide(waiting=[_req("a", 1, 10.0)], worker_busy=False, row_budget=8,
+                                     token_budget=1, now=10.0).hold
+    g = gate("flex")
+    w = [_req("a", 10, 10.0)]
+    assert g.decide(waiting=w, worker_busy=False, row_budget=8, token_budget=4096, now=10.001).hold
+    assert not g.decide(waiting=w, worker_busy=True, row_budget=8, token_budget=4096, now=10.002).hold
+    assert (g.holds, g.releases) == (1, {"worker busy": 1})
+
+
+def _fragment_queue():  # noqa: ANN202
+    return [make_request("A", range(10_000, 10_660)), make_request("B", range(20_000, 20_300)),
+            make_request("C", range(30_000, 30_030))]
+
+
+def test_fragmentation_defers_a_request_that_would_be_cut_below_the_minimum() -> None:
+    h = PassHarness(FULL, arm="radixflow+frag", token_budget=700, kv_size=8192)
+    h.submit(*_fragment_queue())
+    assert [r.rid for r in h.run_pass()] == ["A", "C"]  # B would get a 40-token fragment: it waits
+    assert [r.rid for r in h.waiting] == ["B"]
+
+
+def test_without_fragmentation_sglang_cuts_the_small_fragment() -> None:
+    h = PassHarness(FULL, arm="radixflow", token_budget=700, kv_size=8192)
+    h.submit(*_fragment_queue())
+    batch = h.run_pass()
+    assert [r.rid for r in batch] == ["A", "B"]
+    assert batch[1].extend_end == 40 and h.sched.chunked_req is batch[1]
