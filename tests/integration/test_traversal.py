@@ -13,6 +13,11 @@ from sglang_radixflow.bench.server import SGLangServer, ServerError
 
 DOC_LEN = 600
 LEAK = "memory leak detected"
+# float32 with a float32 conv state: a consumer resumed from the producer's state must give the same next-token
+# logprob as native SGLang computing the whole prompt (see test_serving.py for why these settings).
+FLOAT32 = ("--dtype", "float32")
+FLOAT32_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
+LOGPROB_TOL = 2e-4
 
 
 def _workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -22,10 +27,15 @@ def _workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
     return cands, [rng.randrange(3, 2000) for _ in range(300)]
 
 
-def _batch(server: SGLangServer, prompts: list[list[int]], rids: list[str] | None = None) -> list[dict]:
-    payload = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+def _batch(
+    server: SGLangServer, prompts: list[list[int]], rids: list[str] | None = None, salts: list[str] | None = None
+) -> list[dict]:
+    payload = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+               "return_logprob": True}
     if rids:
         payload["rid"] = rids
+    if salts:
+        payload["cache_salt"] = salts
     return server.post("/generate", payload)
 
 
@@ -38,9 +48,9 @@ def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hybrid_servers(model_dirs: dict[str, Path], trace_path: Path) -> Iterator[dict[str, SGLangServer]]:
     model = str(model_dirs["nemotron_h"])
     servers = {
-        "sglang": SGLangServer(model, radix_cache=None),
-        "prefix-stop": SGLangServer(model, env={"RADIXFLOW_ARM": "prefix-stop"}),
-        "radixflow": SGLangServer(model, env={"RADIXFLOW_TRACE": str(trace_path)}),
+        "sglang": SGLangServer(model, radix_cache=None, extra_args=FLOAT32, env=FLOAT32_ENV),
+        "prefix-stop": SGLangServer(model, extra_args=FLOAT32, env={**FLOAT32_ENV, "RADIXFLOW_ARM": "prefix-stop"}),
+        "radixflow": SGLangServer(model, extra_args=FLOAT32, env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace_path)}),
     }
     try:
         for s in servers.values():
@@ -65,6 +75,10 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
     assert cached["prefix-stop"] == cached["radixflow"]
     outputs = {arm: [o["output_ids"] for o in out] for arm, out in results.items()}
     assert outputs["radixflow"] == outputs["sglang"] == outputs["prefix-stop"]
+    logprobs = {arm: [o["meta_info"]["output_token_logprobs"][0][0] for o in out] for arm, out in results.items()}
+    for arm in ("radixflow", "prefix-stop"):
+        diffs = [abs(a - b) for a, b in zip(logprobs[arm], logprobs["sglang"])]
+        assert max(diffs) < LOGPROB_TOL, (arm, diffs)
     # ĥ and h per request in meta_info: the consumers' token hit is state-ready too.
     meta = [(o["meta_info"]["radixflow_token_hit"], o["meta_info"]["radixflow_state_hit"]) for o in results["radixflow"]]
     assert meta == [([0], [0]), ([DOC_LEN], [DOC_LEN]), ([DOC_LEN], [DOC_LEN]), ([DOC_LEN], [DOC_LEN]), ([0], [0])]
@@ -135,3 +149,38 @@ def test_round_trace_records_the_producer_round_and_the_consumer_round(
     consumer_round = next(r for r in rounds if r["round"] == producer_round["round"] + 1)
     assert consumer_round["rows"] == 4 and consumer_round["state_hit_sum"] == 3 * DOC_LEN
     assert all(r["host_time_s"] > 0 for r in rounds)
+
+
+def test_namespaces_never_share_a_producer(hybrid_servers: dict[str, SGLangServer]) -> None:
+    """Same document, two cache_salt values: tenant-a's consumer waits for tenant-a's producer; tenant-b's requests
+    are never deferred onto it (SGLang tracks one chunked producer, so tenant-b runs natively) nor reuse it."""
+    cands, _ = _workload(5)
+    out = _batch(hybrid_servers["radixflow"], [cands[0], cands[2], cands[1], cands[3]],
+                 salts=["tenant-a", "tenant-b", "tenant-a", "tenant-b"])
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [0, 0, DOC_LEN, 0]
+    again = _batch(hybrid_servers["radixflow"], [cands[0]], salts=["tenant-c"])
+    assert again[0]["meta_info"]["cached_tokens"] == 0
+
+
+@pytest.fixture(scope="module")
+def control_servers(model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangServer]]:
+    model = str(model_dirs["qwen3"])
+    servers = {"sglang": SGLangServer(model, radix_cache=None), "radixflow": SGLangServer(model)}
+    try:
+        for s in servers.values():
+            s.start()
+        yield servers
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+def test_full_attention_control_consumers_wait_for_the_producers_kv(control_servers: dict[str, SGLangServer]) -> None:
+    """SGLang (unlike vLLM) does not share same-round KV: natively every sibling recomputes the document on the
+    control too; with radixflow the consumers wait one round and hit the producer's KV."""
+    cands, other = _workload(9)
+    results = {arm: _batch(s, cands + [other]) for arm, s in control_servers.items()}
+    cached = {arm: [o["meta_info"]["cached_tokens"] for o in out] for arm, out in results.items()}
+    assert cached["sglang"] == [0, 0, 0, 0, 0]
+    assert cached["radixflow"] == [0, DOC_LEN, DOC_LEN, DOC_LEN, 0]
+    assert [o["output_ids"] for o in results["radixflow"]] == [o["output_ids"] for o in results["sglang"]]
