@@ -32,7 +32,9 @@ def bind_scheduler(scheduler: Any) -> None:
     if getattr(scheduler, "prefill_delayer", None) is not None and sched.gate.mode != "native":
         logger.warning("sglang-radixflow: admission hold disabled: SGLang's prefill delayer is on")
         sched.gate.mode = "native"
-    sched.recorder.enable_metrics(bool(getattr(scheduler, "enable_metrics", False)))
+    from sglang.srt.runtime_context import get_observability
+
+    sched.recorder.enable_metrics(bool(get_observability().enable_metrics))
     logger.info(
         "sglang-radixflow: bound to scheduler (arm=%s traversal=%s admission=%s publish=%s)",
         sched.config.arm, sched.traversal, sched.gate.mode, sched.mode.value,

@@ -165,7 +165,10 @@ def test_namespaces_never_share_a_producer(hybrid_servers: dict[str, SGLangServe
 @pytest.fixture(scope="module")
 def control_servers(model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangServer]]:
     model = str(model_dirs["qwen3"])
-    servers = {"sglang": SGLangServer(model, radix_cache=None), "radixflow": SGLangServer(model)}
+    servers = {
+        "sglang": SGLangServer(model, radix_cache=None),
+        "radixflow": SGLangServer(model, extra_args=["--enable-metrics"]),
+    }
     try:
         for s in servers.values():
             s.start()
@@ -184,3 +187,16 @@ def test_full_attention_control_consumers_wait_for_the_producers_kv(control_serv
     assert cached["sglang"] == [0, 0, 0, 0, 0]
     assert cached["radixflow"] == [0, DOC_LEN, DOC_LEN, DOC_LEN, 0]
     assert [o["output_ids"] for o in results["radixflow"]] == [o["output_ids"] for o in results["sglang"]]
+
+
+def test_prometheus_exports_round_counters(control_servers: dict[str, SGLangServer]) -> None:
+    cands, other = _workload(13)
+    _batch(control_servers["radixflow"], cands + [other])
+    metrics = control_servers["radixflow"].get("/metrics")
+    values = {
+        line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+        if line.startswith("radixflow_") and not line.startswith("#")
+    }
+    assert values["radixflow_blocked_skips_total"] >= 3
+    assert values['radixflow_promises_total{outcome="registered"}'] >= 1
+    assert values['radixflow_rounds_total{kind="prefill"}'] >= 2
