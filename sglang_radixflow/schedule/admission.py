@@ -25,9 +25,9 @@ class HoldDecision:
 
 
 def _arrival(req: Any) -> float:
-    ts = float(req.time_stats.wait_queue_entry_time)
-    assert ts > 0.0, "SGLang stamps wait_queue_entry_time when a request enters the waiting queue"
-    return ts
+    """When the request entered the waiting queue (Scheduler._add_request_to_queue stamps perf_counter). A request
+    without a stamp counts as long overdue: holding must never delay it."""
+    return float(getattr(req.time_stats, "wait_queue_entry_time", 0.0) or 0.0)
 
 
 class AdmissionGate:
