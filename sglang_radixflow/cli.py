@@ -23,6 +23,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_multi_candidate(args: argparse.Namespace) -> int:
+    from sglang_radixflow.bench import runner
+
+    return runner.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sglang_radixflow.models import ARCHS
 
@@ -39,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     demo.add_argument("--models", default="runs/models", help="where tiny models are made/reused (default: runs/models)")
     demo.set_defaults(func=_cmd_demo)
+
+    bench = sub.add_parser("bench", help="the paper's measurements on real servers")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    mc = bench_sub.add_parser("multi-candidate", help="multi-candidate scoring: arms x models, open-loop arrivals")
+    from sglang_radixflow.bench.runner import add_arguments
+
+    add_arguments(mc)
+    mc.set_defaults(func=_cmd_bench_multi_candidate)
     return parser
 
 

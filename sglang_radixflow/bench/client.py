@@ -1,0 +1,140 @@
+"""Open-loop HTTP driver: each question's branches are posted concurrently to /generate at the question's arrival
+instant, whatever the server is doing (arrivals never wait for completions: that is what makes overload visible).
+
+One thread per in-flight request (stdlib only). A request record keeps what the reports need: latency, SGLang's
+meta_info.cached_tokens, radixflow's ĥ/h when present, output ids, errors, and how late the send was.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from sglang_radixflow.bench.workloads import Request
+
+
+@dataclass
+class RequestRecord:
+    rid: str
+    qid: int
+    branch: int
+    prompt_len: int
+    arrival_s: float  # scheduled, relative to the start of the run
+    sent_s: float = 0.0  # actual send, relative to the start of the run
+    done_s: float = 0.0
+    latency_s: Optional[float] = None  # done - sent; None on error
+    cached_tokens: Optional[int] = None
+    token_hit: Optional[int] = None  # radixflow meta_info (radixflow backend only)
+    state_hit: Optional[int] = None
+    output_ids: list[int] = field(default_factory=list)
+    error: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _first(value: Any) -> Optional[int]:
+    # customized_info values come as one-element lists
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return None if value is None else int(value)
+
+
+def generate_body(input_ids: Sequence[int], rid: str) -> bytes:
+    payload = {"input_ids": list(input_ids), "rid": rid, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    return json.dumps(payload).encode()
+
+
+def post_generate(url: str, input_ids: Sequence[int], rid: str, timeout_s: float,
+                  body: Optional[bytes] = None) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url + "/generate", data=body if body is not None else generate_body(input_ids, rid),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read())
+
+
+def fill_from_response(rec: RequestRecord, body: Mapping[str, Any]) -> None:
+    meta = body.get("meta_info") or {}
+    rec.cached_tokens = int(meta.get("cached_tokens", 0))
+    rec.token_hit = _first(meta.get("radixflow_token_hit"))
+    rec.state_hit = _first(meta.get("radixflow_state_hit"))
+    rec.output_ids = [int(t) for t in body.get("output_ids") or []]
+    if not rec.output_ids:
+        rec.error = "no output_ids in the response"
+
+
+class OpenLoopClient:
+    def __init__(self, url: str, timeout_s: float = 600.0,
+                 on_done: Optional[Callable[[RequestRecord, int, int], None]] = None) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.on_done = on_done  # (record, finished so far, total): progress output
+        self._lock = threading.Lock()
+        self._finished = 0
+
+    def run(self, requests: Sequence[Request], lead_s: float = 0.05) -> list[RequestRecord]:
+        """Send every request at its arrival_s after the start; return records in request order.
+
+        Requests with the same arrival instant (a question's branches) are released together: their bodies are
+        encoded and their threads started before the instant, then one event fires them, so the spread between
+        siblings is a socket send, not thread start-up + JSON encoding under the GIL (that spread was ~10 ms,
+        longer than a 5 ms admission hold).
+        """
+        records = [RequestRecord(r.rid, r.qid, r.branch, len(r.input_ids), r.arrival_s) for r in requests]
+        self._finished = 0
+        threads: list[threading.Thread] = []
+        start = time.perf_counter() + lead_s
+        i = 0
+        while i < len(requests):
+            j = i
+            while j < len(requests) and requests[j].arrival_s == requests[i].arrival_s:
+                j += 1
+            go = threading.Event()
+            for req, rec in zip(requests[i:j], records[i:j]):
+                body = generate_body(req.input_ids, req.rid)
+                t = threading.Thread(target=self._one, args=(req, rec, body, go, start, len(records)), daemon=True)
+                t.start()
+                threads.append(t)
+            delay = start + requests[i].arrival_s - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            go.set()
+            i = j
+        for t in threads:
+            t.join()
+        return records
+
+    def _one(self, req: Request, rec: RequestRecord, body: bytes, go: threading.Event, start: float,
+             total: int) -> None:
+        go.wait()
+        rec.sent_s = time.perf_counter() - start
+        try:
+            fill_from_response(rec, post_generate(self.url, req.input_ids, req.rid, self.timeout_s, body))
+        except urllib.error.HTTPError as err:
+            rec.error = f"HTTP {err.code}: {err.read().decode(errors='replace')[:300]}"
+        except Exception as err:  # a dead server, a timeout: recorded, the run goes on
+            rec.error = f"{type(err).__name__}: {err}"[:300]
+        rec.done_s = time.perf_counter() - start
+        if rec.error is None:
+            rec.latency_s = rec.done_s - rec.sent_s
+        with self._lock:
+            self._finished += 1
+            done = self._finished
+        if self.on_done is not None:
+            self.on_done(rec, done, total)
+
+
+def first_token_agreement(arm: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """Share of requests (completed in both runs) whose first output token equals the baseline's."""
+    base = {r["rid"]: r["output_ids"][0] for r in baseline if not r.get("error") and r.get("output_ids")}
+    pairs = [(r["output_ids"][0], base[r["rid"]]) for r in arm
+             if not r.get("error") and r.get("output_ids") and r["rid"] in base]
+    if not pairs:
+        return None
+    return sum(a == b for a, b in pairs) / len(pairs)

@@ -1,0 +1,399 @@
+"""Build summary.json and report.md of a multi-candidate bench from what the run saved (nothing is re-measured).
+
+Saved layout (written by bench/runner.py):
+    DIR/workload.json                     workload.describe(): every parameter, seed, ideal reuse ratio
+    DIR/budgets.json                      {"S", "T", "calibrated_on", "calibration": [...]}
+    DIR/<model>/<arm>.requests.jsonl      client records (bench/client.py RequestRecord)
+    DIR/<model>/<arm>.server.log          the server's log; <arm>.run.json says which byte range is the workload
+    DIR/<model>/<arm>.trace.jsonl         RADIXFLOW_TRACE (radixflow-backend arms only)
+    DIR/<model>/<arm>.run.json            {"model", "arm", "log_start", "log_end", "warmup_last_round", ...}
+
+Where each number comes from, so that arms are comparable:
+- rounds, prefill_rounds, rows/round, tokens/round: SGLang's own "Prefill batch" log lines inside the workload's byte
+  range, parsed the same way for every arm (the `sglang` arm has no radixflow trace). This workload generates one token
+  per request, so every worker call is a prefill round (decode lines are only logged every 40 iterations anyway; the
+  trace's own count, where there is one, is kept in `extra` as a cross-check).
+- latency, completed, errors, reuse ratio (Σ meta_info.cached_tokens / Σ prompt tokens): the client records.
+- token/state-ready hits, blocked skips, avoidable bubbles, first-selection wait, host time: the radixflow trace;
+  null for `sglang` (SGLang's default cache has no such records).
+- first-token agreement: output ids against the `sglang` arm of the same model (null for `sglang` itself).
+- round_lower_bound: max(⌈W/T⌉, ⌈V/S⌉, D) for the fragments the arm executed: W = Σ new tokens, V = Σ rows (log),
+  D = max over requests of ⌈(prompt − cached)/T⌉ (a request's own chunks run one per round). It ignores arrival times,
+  so under open-loop arrivals it is far below K (the gap is mostly idle time between arrivals).
+- cost identity: trace K (non-idle worker calls) and T_host of each arm against `prefix-stop` (the paper's native
+  baseline) of the same model: round_gain = (K0 − K1)·c̄0, cost_drift = K1·(c̄1 − c̄0), total = gain − drift = T_host,0 −
+  T_host,1.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from sglang_radixflow.bench.client import first_token_agreement
+
+BASELINE_ARM = "sglang"  # first-token agreement
+COST_BASELINE_ARM = "prefix-stop"  # cost identity (needs a trace)
+
+PREFILL_LINE = re.compile(
+    r"Prefill batch(?: \[\d+\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<new>\d+), #cached-token: (?P<cached>\d+),"
+    r".*?#running-req: (?P<running>\d+), #queue-req: (?P<queue>\d+)"
+)
+
+
+# ---------------------------------------------------------------- loading
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with open(path, "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def log_window(log_path: Path, start: int, end: Optional[int]) -> str:
+    """The part of a server log written while the workload ran (byte offsets taken by the runner)."""
+    if not log_path.is_file():
+        return ""
+    with open(log_path, "rb") as fh:
+        fh.seek(start)
+        data = fh.read(None if end is None else max(0, end - start))
+    return data.decode(errors="replace")
+
+
+def parse_prefill_lines(text: str) -> list[dict[str, int]]:
+    return [{k: int(v) for k, v in m.groupdict().items()} for m in PREFILL_LINE.finditer(text)]
+
+
+# ---------------------------------------------------------------- statistics
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """Linear-interpolated percentile (q in [0, 100]); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def mean(values: Sequence[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(num: float, den: float) -> Optional[float]:
+    return num / den if den else None
+
+
+# ---------------------------------------------------------------- one arm
+
+def log_metrics(prefill: Sequence[dict[str, int]]) -> dict[str, Any]:
+    n = len(prefill)
+    return {
+        "prefill_rounds": n,
+        "rows": sum(p["seqs"] for p in prefill),
+        "tokens": sum(p["new"] for p in prefill),
+        "cached": sum(p["cached"] for p in prefill),
+        "queue_max": max((p["queue"] for p in prefill), default=0),
+        "queue_mean": mean([p["queue"] for p in prefill]),
+    }
+
+
+def trace_metrics(rounds: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Round and request records of the workload (already filtered) -> the trace half of an arm's summary."""
+    worked = [r for r in rounds if r.get("kind_of_round") != "idle"]  # K counts non-empty worker calls
+    prefill = [r for r in worked if r.get("kind_of_round") in ("prefill", "mixed")]
+    by_kind: dict[str, int] = {}
+    for r in worked:
+        by_kind[r["kind_of_round"]] = by_kind.get(r["kind_of_round"], 0) + 1
+    waits = [float(w) for r in prefill for w in (r.get("first_selection_wait_s") or [])]
+    host = sum(float(r.get("host_time_s", 0.0)) for r in worked)
+    return {
+        "rounds": len(worked),
+        "prefill_rounds": len(prefill),
+        "by_kind": by_kind,
+        "host_time_s": host,
+        "host_cost_per_round_s": _ratio(host, len(worked)),
+        "blocked_skips": sum(int(r.get("blocked_skips", 0)) for r in prefill),
+        "avoidable_bubbles": sum(int(bool(r.get("avoidable_bubble", False))) for r in prefill),
+        "producers": sum(int(r.get("producers", 0)) for r in prefill),
+        "first_selection_wait_mean_s": mean(waits),
+        "token_hit_tokens": sum(int(r.get("token_hit", 0)) for r in requests),
+        "state_ready_hit_tokens": sum(int(r.get("state_hit", 0)) for r in requests),
+        "request_records": len(requests),
+    }
+
+
+def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefill: Sequence[dict[str, int]],
+                trace: Optional[dict[str, Any]], S: int, T: int,
+                baseline_requests: Optional[Sequence[dict[str, Any]]],
+                run: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    ok = [r for r in requests if not r.get("error")]
+    lat = [float(r["latency_s"]) for r in ok]
+    prompt = sum(int(r["prompt_len"]) for r in requests)
+    cached = sum(int(r.get("cached_tokens") or 0) for r in ok)
+    lm = log_metrics(prefill)
+    depth = max((math.ceil((int(r["prompt_len"]) - int(r.get("cached_tokens") or 0)) / T) for r in ok), default=0)
+    bound = max(math.ceil(lm["tokens"] / T), math.ceil(lm["rows"] / S), depth) if prefill else None
+    t = trace or {}
+    agreement = (
+        first_token_agreement(requests, baseline_requests)
+        if baseline_requests is not None and arm != BASELINE_ARM else None
+    )
+    span = max((float(r["done_s"]) for r in ok), default=0.0)
+    sent: dict[Any, list[float]] = {}
+    for r in requests:
+        sent.setdefault(r.get("qid"), []).append(float(r.get("sent_s") or 0.0))
+    spreads = [1000.0 * (max(v) - min(v)) for v in sent.values() if len(v) > 1]
+    return {
+        "model": model,
+        "requests": len(requests),
+        "completed": len(ok),
+        "errors": len(requests) - len(ok),
+        "rounds": lm["prefill_rounds"],
+        "prefill_rounds": lm["prefill_rounds"],
+        "rows_per_round": _ratio(lm["rows"], lm["prefill_rounds"]),
+        "tokens_per_round": _ratio(lm["tokens"], lm["prefill_rounds"]),
+        "latency_mean_s": mean(lat),
+        "latency_p50_s": percentile(lat, 50),
+        "latency_p95_s": percentile(lat, 95),
+        "latency_p99_s": percentile(lat, 99),
+        "first_selection_wait_mean_s": t.get("first_selection_wait_mean_s"),
+        "reuse_ratio": _ratio(cached, prompt),
+        "token_hit_tokens": t.get("token_hit_tokens"),
+        "state_ready_hit_tokens": t.get("state_ready_hit_tokens"),
+        "blocked_skips": t.get("blocked_skips"),
+        "avoidable_bubbles": t.get("avoidable_bubbles"),
+        "host_time_s": t.get("host_time_s"),
+        "host_cost_per_round_s": t.get("host_cost_per_round_s"),
+        "round_lower_bound": bound,
+        "first_token_agreement": agreement,
+        # one output token per request: the first token is the whole response
+        "ttft_mean_s": mean(lat),
+        "ttft_p99_s": percentile(lat, 99),
+        "missed_tokens_mean": None,  # agent bench only
+        "missed_tokens_p99": None,
+        "extra": {
+            "log_cached_tokens": lm["cached"],
+            "log_queue_max": lm["queue_max"],
+            "log_queue_mean": lm["queue_mean"],
+            "log_new_tokens": lm["tokens"],
+            "trace_rounds": t.get("rounds"),
+            "trace_prefill_rounds": t.get("prefill_rounds"),
+            "trace_by_kind": t.get("by_kind"),
+            "producers": t.get("producers"),
+            "completion_span_s": span,
+            "throughput_rps": _ratio(len(ok), span),
+            "send_spread_ms_mean": mean(spreads),  # first to last sibling send, per question
+            "send_spread_ms_max": max(spreads, default=None),
+            "loadavg_start": (run or {}).get("loadavg_start"),
+            "loadavg_end": (run or {}).get("loadavg_end"),
+        },
+    }
+
+
+def cost_identity(base: dict[str, Any], arm: dict[str, Any], baseline_key: str) -> Optional[dict[str, Any]]:
+    """T_host,0 − T_host,1 = (K0 − K1)·c̄0 − K1·(c̄1 − c̄0) from the trace's K and T_host (exact)."""
+    k0, k1 = base.get("rounds"), arm.get("rounds")
+    h0, h1 = base.get("host_time_s"), arm.get("host_time_s")
+    if not k0 or not k1 or h0 is None or h1 is None:
+        return None
+    c0, c1 = h0 / k0, h1 / k1
+    gain, drift = (k0 - k1) * c0, k1 * (c1 - c0)
+    return {"baseline": baseline_key, "round_gain_s": gain, "cost_drift_s": drift, "total_s": gain - drift}
+
+
+# ---------------------------------------------------------------- whole run
+
+def load_arm(out: Path, model: str, arm: str) -> dict[str, Any]:
+    """Everything saved for one arm, filtered to the workload (warm-up excluded)."""
+    base = out / model
+    run = json.loads((base / f"{arm}.run.json").read_text())
+    requests = read_jsonl(base / f"{arm}.requests.jsonl")
+    prefill = parse_prefill_lines(log_window(base / f"{arm}.server.log", run.get("log_start", 0), run.get("log_end")))
+    trace_path = base / f"{arm}.trace.jsonl"
+    trace = None
+    if trace_path.is_file():
+        records = read_jsonl(trace_path)
+        first = int(run.get("warmup_last_round", -1))
+        rids = {r["rid"] for r in requests}
+        rounds = [r for r in records if r.get("kind") == "round" and int(r["round"]) > first]
+        reqs = [r for r in records if r.get("kind") == "request" and r.get("rid") in rids]
+        trace = trace_metrics(rounds, reqs)
+    return {"run": run, "requests": requests, "prefill": prefill, "trace": trace}
+
+
+def build_summary(out: str | Path) -> dict[str, Any]:
+    out = Path(out)
+    workload = json.loads((out / "workload.json").read_text())
+    budgets = json.loads((out / "budgets.json").read_text())
+    S, T = int(budgets["S"]), int(budgets["T"])
+    runs = sorted(out.glob("*/*.run.json"))
+    loaded: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in runs:
+        run = json.loads(path.read_text())
+        loaded[(run["model"], run["arm"])] = load_arm(out, run["model"], run["arm"])
+    order = {m: i for i, m in enumerate(workload.get("models", []))}
+    arm_order = {a: i for i, a in enumerate(workload.get("arms", []))}
+    keys = sorted(loaded, key=lambda k: (order.get(k[0], 99), k[0], arm_order.get(k[1], 99), k[1]))
+    arms: dict[str, Any] = {}
+    for model, arm in keys:
+        data = loaded[(model, arm)]
+        base = loaded.get((model, BASELINE_ARM))
+        arms[f"{model}/{arm}"] = arm_summary(
+            model, arm, data["requests"], data["prefill"], data["trace"], S, T,
+            base["requests"] if base is not None else None, data["run"],
+        )
+    identity: dict[str, Any] = {}
+    for model, arm in keys:
+        base = loaded.get((model, COST_BASELINE_ARM))
+        if arm == COST_BASELINE_ARM or base is None or base["trace"] is None or loaded[(model, arm)]["trace"] is None:
+            continue
+        ci = cost_identity(base["trace"], loaded[(model, arm)]["trace"], f"{model}/{COST_BASELINE_ARM}")
+        if ci is not None:
+            identity[f"{model}/{arm}"] = ci
+    return {
+        "kind": "multi-candidate",
+        "workload": workload,
+        "budgets": {"S": S, "T": T, "calibrated_on": budgets["calibrated_on"]},
+        "arms": arms,
+        "cost_identity": identity,
+    }
+
+
+# ---------------------------------------------------------------- report.md
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return fmt.format(x)
+    return str(x)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "—" if x is None else f"{100 * x:.2f}%"
+
+
+TABLE_HEAD = (
+    "| arm | requests | completed | errors | rounds | prefill rounds | rows/round | tokens/round | latency mean s | "
+    "p50 s | p95 s | reuse | ideal reuse | first-sel. wait s | blocked skips | avoidable bubbles | host time s | "
+    "first-token agreement vs sglang |"
+)
+
+
+def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, Any]] = None) -> str:
+    w = summary["workload"]
+    b = summary["budgets"]
+    ideal = w.get("ideal_reuse_ratio")
+    lines = [
+        "# Multi-candidate scoring bench",
+        "",
+        f"Workload: {w.get('questions')} questions x {w.get('candidates', 4)} candidates = {w.get('requests')} requests, "
+        f"stream `{w.get('stream')}`, order `{w.get('order')}`, Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "
+        f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens), "
+        f"{w.get('prompt_tokens')} prompt tokens, ideal reuse ratio {_pct(ideal)}.",
+        f"Budgets: S = {b['S']} rows (`--prefill-max-requests`, `--max-running-requests`), T = {b['T']} tokens "
+        f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
+        f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
+        f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}; each question's branches are released "
+        "together by the client (see the sibling send spread).",
+        "",
+    ]
+    models = []
+    for key, a in summary["arms"].items():
+        if a["model"] not in models:
+            models.append(a["model"])
+    for model in models:
+        lines += [f"## {model}", "", TABLE_HEAD, "|" + "---|" * (TABLE_HEAD.count("|") - 1)]
+        for key, a in summary["arms"].items():
+            if a["model"] != model:
+                continue
+            arm = key.split("/", 1)[1]
+            lines.append(
+                f"| {arm} | {a['requests']} | {a['completed']} | {a['errors']} | {a['rounds']} | {a['prefill_rounds']} | "
+                f"{_f(a['rows_per_round'], '{:.2f}')} | {_f(a['tokens_per_round'], '{:.1f}')} | "
+                f"{_f(a['latency_mean_s'])} | {_f(a['latency_p50_s'])} | {_f(a['latency_p95_s'])} | "
+                f"{_pct(a['reuse_ratio'])} | {_pct(ideal)} | {_f(a['first_selection_wait_mean_s'], '{:.4f}')} | "
+                f"{_f(a['blocked_skips'])} | {_f(a['avoidable_bubbles'])} | {_f(a['host_time_s'])} | "
+                f"{_pct(a['first_token_agreement'])} |"
+            )
+        lines += ["", "Cross-checks and extras:", "",
+                  "| arm | trace rounds (by kind) | log queue max / mean | token hits ĥ | state-ready hits h | "
+                  "producers | round lower bound | p99 s | throughput req/s | sibling send spread ms mean / max | "
+                  "load avg start / end |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, a in summary["arms"].items():
+            if a["model"] != model:
+                continue
+            e = a["extra"]
+            kinds = e.get("trace_by_kind")
+            lines.append(
+                f"| {key.split('/', 1)[1]} | {_f(e.get('trace_rounds'))}"
+                f"{' ' + json.dumps(kinds) if kinds else ''} | {e.get('log_queue_max')} / "
+                f"{_f(e.get('log_queue_mean'), '{:.1f}')} | {_f(a['token_hit_tokens'])} | "
+                f"{_f(a['state_ready_hit_tokens'])} | {_f(e.get('producers'))} | {_f(a['round_lower_bound'])} | "
+                f"{_f(a['latency_p99_s'])} | {_f(e.get('throughput_rps'), '{:.2f}')} | "
+                f"{_f(e.get('send_spread_ms_mean'), '{:.2f}')} / {_f(e.get('send_spread_ms_max'), '{:.2f}')} | "
+                f"{_f(e.get('loadavg_start'), '{:.1f}')} / {_f(e.get('loadavg_end'), '{:.1f}')} |"
+            )
+        lines.append("")
+    if summary["cost_identity"]:
+        lines += ["## Cost identity (trace K and host time, against prefix-stop)", "",
+                  "| arm | baseline | round gain s | cost drift s | T_host,0 − T_host,1 s |", "|---|---|---|---|---|"]
+        for key, ci in summary["cost_identity"].items():
+            lines.append(f"| {key} | {ci['baseline']} | {ci['round_gain_s']:.4f} | {ci['cost_drift_s']:.4f} | "
+                         f"{ci['total_s']:.4f} |")
+        lines.append("")
+    if budgets_detail and budgets_detail.get("calibration"):
+        lines += ["## Budget calibration (sglang arm, held-out questions)", "",
+                  "| S | T | mean latency s | prefill rounds | chosen |", "|---|---|---|---|---|"]
+        for c in budgets_detail["calibration"]:
+            chosen = "yes" if (c["S"], c["T"]) == (b["S"], b["T"]) else ""
+            lines.append(f"| {c['S']} | {c['T']} | {_f(c.get('latency_mean_s'))} | {_f(c.get('prefill_rounds'))} | "
+                         f"{chosen} |")
+        lines.append("")
+    lines += [
+        "## Where the numbers come from",
+        "",
+        "- rounds / prefill rounds / rows per round / tokens per round: SGLang's `Prefill batch` log lines of the "
+        "workload window, parsed identically for every arm. Every request generates one token, so every worker call "
+        "is a prefill round (`rounds` = `prefill_rounds`); the radixflow trace's own K is shown as a cross-check.",
+        "- latency (client send to response), reuse ratio (Σ meta_info.cached_tokens / Σ prompt tokens), errors: the "
+        "open-loop client. TTFT = latency (one output token).",
+        "- `sglang` arm (SGLang's default cache, no radixflow trace): first-selection wait, token / state-ready hits, "
+        "blocked skips, avoidable bubbles, host time and host cost per round are null — only the radixflow backend "
+        "records them. First-token agreement is null for `sglang` itself (it is the reference).",
+        "- avoidable bubbles are counted where certain (prefix-stop stopped on a Blocked request while rows were left "
+        "and a later waiting request had no blocking promise); the skip arms cannot have that kind.",
+        "- round lower bound: max(⌈W/T⌉, ⌈V/S⌉, D) over the fragments the arm executed; it ignores arrival times.",
+        "- missed tokens: agent bench only (null).",
+        "- timings (latency, host time) are wall-clock on the machine as it was: the 1-minute load average at the start "
+        "and end of each arm's workload is listed; on a shared small CPU compare arms with that in mind.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(out: str | Path) -> dict[str, Any]:
+    """(Re)build DIR/summary.json and DIR/report.md from DIR's saved records."""
+    out = Path(out)
+    summary = build_summary(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    detail = json.loads((out / "budgets.json").read_text())
+    (out / "report.md").write_text(format_report(summary, detail))
+    return summary
+
+
+if __name__ == "__main__":  # python -m sglang_radixflow.bench.report DIR
+    import sys
+
+    write_report(sys.argv[1])
+    print((Path(sys.argv[1]) / "report.md").read_text())

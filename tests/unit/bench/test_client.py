@@ -1,0 +1,77 @@
+"""Open-loop client against a stub HTTP server (no SGLang): records, sibling release, errors, agreement."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+import pytest
+
+from sglang_radixflow.bench.client import OpenLoopClient, first_token_agreement
+from sglang_radixflow.bench.workloads import WorkloadParams, make_workload
+
+
+class _Stub(BaseHTTPRequestHandler):
+    arrivals: list[tuple[str, float]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Stub.arrivals.append((body["rid"], time.perf_counter()))
+        if body["rid"].endswith("b3") and body["rid"].startswith("q00001"):
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"boom")
+            return
+        assert body["sampling_params"]["max_new_tokens"] == 1
+        out = {"output_ids": [len(body["input_ids"]) % 7],
+               "meta_info": {"cached_tokens": 5, "radixflow_token_hit": [9], "radixflow_state_hit": [4]}}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def stub_url() -> Iterator[str]:
+    _Stub.arrivals = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_open_loop_records_and_sibling_release(stub_url: str) -> None:
+    w = make_workload(WorkloadParams(questions=3, rate=20.0, seed=0))
+    done: list[int] = []
+    records = OpenLoopClient(stub_url, timeout_s=10, on_done=lambda r, n, total: done.append(n)).run(w.requests())
+    assert [r.rid for r in records] == [r.rid for r in w.requests()]
+    assert sorted(done) == list(range(1, 13))
+    bad = [r for r in records if r.error]
+    assert [r.rid for r in bad] == ["q00001-b3"] and bad[0].latency_s is None and bad[0].error.startswith("HTTP 500")
+    good = [r for r in records if not r.error]
+    assert all(r.cached_tokens == 5 and r.token_hit == 9 and r.state_hit == 4 and len(r.output_ids) == 1 for r in good)
+    assert all(r.latency_s is not None and r.latency_s >= 0 for r in good)
+    # open loop: each send at (or just after) its arrival instant
+    for r in records:
+        assert r.sent_s >= r.arrival_s - 1e-3
+    # siblings go out together (one event releases them)
+    for q in range(3):
+        sends = [r.sent_s for r in records if r.qid == q]
+        assert max(sends) - min(sends) < 0.02
+
+
+def test_first_token_agreement() -> None:
+    base = [{"rid": "a", "output_ids": [1]}, {"rid": "b", "output_ids": [2]}, {"rid": "c", "output_ids": [3]}]
+    arm = [{"rid": "a", "output_ids": [1]}, {"rid": "b", "output_ids": [5]}, {"rid": "c", "error": "x", "output_ids": []}]
+    assert first_token_agreement(arm, base) == 0.5
+    assert first_token_agreement([], base) is None
