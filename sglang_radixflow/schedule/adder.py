@@ -14,7 +14,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _Pre
 
 from sglang_radixflow.cache.tree import token_hit
 from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode
-from sglang_radixflow.schedule.state import FRAG_SKIPS
+from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS
 
 # SGLang internals this module relies on (fail loudly on upgrade):
 assert {"prefix_len", "extend_len", "max_new_tokens", "is_chunked", "replay_len"} <= {
@@ -50,8 +50,15 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return AddReqResult.CONTINUE
 
         plan = sched.plan(req, self.can_run_list)
-        self._rf_plan = plan
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
+        if self._producer_slot_busy(req, plan, sched):
+            # Its state at b can only be published by cutting its chunk there, and SGLang tracks one chunked
+            # request at a time: wait one round (a Blocked verdict on the producer slot) instead of letting every
+            # sibling recompute the prefix. Bounded like any deferral.
+            sched.note_blocked(req)
+            release_staged(req, self.tree_cache)
+            return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
+        self._rf_plan = plan
         try:
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
         finally:
@@ -59,6 +66,15 @@ class RadixFlowPrefillAdder(PrefillAdder):
         if self.can_run_list and self.can_run_list[-1] is req:
             sched.note_admitted(req, plan, token_hit(req))
         return result
+
+    def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
+        return (
+            plan is not None
+            and plan.mode is PublishMode.CHUNK_END
+            and plan.boundary < len(req.full_untruncated_fill_ids)
+            and not self._rf_may_chunk
+            and getattr(req, DEFER_COUNT, 0) < sched.config.max_defer_rounds
+        )
 
     def _would_fragment(self, req: Any, sched: Any) -> bool:
         """The remaining budget would cut `req` into a fragment below one checkpoint grid (it would publish no

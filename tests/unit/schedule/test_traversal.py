@@ -78,11 +78,14 @@ def test_namespaces_never_wait_on_each_other() -> None:
     a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
     h.submit(a[0], b[0], a[1], b[1])
     batch = h.run_pass()
-    # One producer per namespace would need two chunked requests; SGLang tracks one, so tenant-b runs natively.
-    assert rids(batch) == ["c0", "c2", "c3"]
-    assert rids(h.waiting) == ["c1"]
+    # One producer per namespace would need two chunked requests; SGLang tracks one chunked request, so tenant-b's
+    # group waits for the slot (it is never deferred onto tenant-a's promise, which it could not use).
+    assert rids(batch) == ["c0"]
+    assert rids(h.waiting) == ["c2", "c1", "c3"]
     (promise,) = h.cache.rf_sched.promises.open_promises()
     assert promise.namespace == (None, "tenant-a")
+    assert promise.covers((None, "tenant-a"), b[0].origin_input_ids)
+    assert not promise.covers((None, "tenant-b"), b[0].origin_input_ids)
 
 
 def test_deferral_is_bounded() -> None:
