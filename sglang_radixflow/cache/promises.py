@@ -101,12 +101,13 @@ class PromiseTable:
 
     def blocking(
         self, namespace: Hashable, tokens: Sequence[int], state_hit: int, key_limit: int, min_gain: int,
-        exclude_rid: Optional[str] = None,
+        exclude_rid: Optional[str] = None, candidates: Optional[Iterable[Promise]] = None,
     ) -> Optional[Promise]:
         """The deepest open promise this request should wait for: state_hit + min_gain <= b <= key_limit and the
-        request's tokens start with the promised prefix."""
+        request's tokens start with the promised prefix. `candidates`: a subset of the open promises known to hold
+        every one that could match (the caller's index), checked instead of the whole table."""
         best: Optional[Promise] = None
-        for promise in self.open_promises():
+        for promise in self.open_promises() if candidates is None else candidates:
             if promise.producer_rid == exclude_rid:
                 continue
             if not (state_hit + min_gain <= promise.boundary <= key_limit):
@@ -131,15 +132,21 @@ def as_tokens(tokens: Sequence[int]) -> array:
 
 
 def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """LCP length by binary search over slice equality (C-level compares; O(log n) slices)."""
+    """LCP length by binary search over prefix equality. `bytes.startswith(memoryview slice)` compares in C without
+    copying (array slices copy): ~3x faster than slice equality, and the planner runs this per sibling per producer."""
     a, b = as_tokens(a), as_tokens(b)
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
+    n = min(len(a), len(b))
+    head = a.tobytes()
+    with memoryview(b) as tail:  # items of b; a slice is a zero-copy view of the first k tokens' bytes
+        if head.startswith(tail[:n]):
+            return n
+        lo, hi = 0, n - 1  # invariant: the first lo tokens match, the first hi + 1 do not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if head.startswith(tail[:mid]):
+                lo = mid
+            else:
+                hi = mid - 1
     return lo
 
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import enum
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
@@ -36,7 +37,29 @@ def namespace_of(req: Any) -> Hashable:
 
 
 def request_tokens(req: Any) -> Sequence[int]:
+    """The request's tokens, read-only. Before any output this is the prompt array itself, not an O(prompt) copy:
+    the scan calls this several times for every request it examines."""
+    if not req.output_ids:
+        return as_tokens(req.origin_input_ids)
     return as_tokens(req.origin_input_ids + req.output_ids)
+
+
+SIBLING_KEY = "rf_sibling_key"  # per-request cache of sibling_key (the prompt and namespace never change)
+
+
+def sibling_key(req: Any) -> Optional[tuple]:
+    """(namespace, first INDEX_PREFIX tokens) grouping siblings; None for requests too short to index."""
+    try:
+        return getattr(req, SIBLING_KEY)  # cached: the common case, kept to one attribute read
+    except AttributeError:
+        pass
+    origin = req.origin_input_ids
+    if len(origin) > INDEX_PREFIX:  # output tokens can no longer change the key: cache it for the request's life
+        key = (namespace_of(req), as_tokens(origin[:INDEX_PREFIX]).tobytes())
+        setattr(req, SIBLING_KEY, key)
+        return key
+    tokens = request_tokens(req)
+    return (namespace_of(req), as_tokens(tokens[:INDEX_PREFIX]).tobytes()) if len(tokens) > INDEX_PREFIX else None
 
 
 def key_limit(req: Any, tokens: Sequence[int]) -> int:
@@ -48,17 +71,19 @@ class SiblingIndex:
     """Waiting requests grouped by (namespace, first INDEX_PREFIX tokens); built once per scheduling pass."""
 
     def __init__(self, waiting: Iterable[Any]) -> None:
-        self._groups: dict[tuple, list[Any]] = {}
+        # O(len(waiting)) per pass (the traversal's only per-queue cost): keep the body to a cached-key read.
+        groups: defaultdict[tuple, list[Any]] = defaultdict(list)
         for req in waiting:
-            tokens = request_tokens(req)
-            if len(tokens) > INDEX_PREFIX:
-                self._groups.setdefault((namespace_of(req), tokens[:INDEX_PREFIX].tobytes()), []).append(req)
+            key = sibling_key(req)
+            if key is not None:
+                groups[key].append(req)
+        self._groups: dict[tuple, list[Any]] = groups
 
     def siblings(self, req: Any, tokens: Sequence[int]) -> list[Any]:
-        if len(tokens) <= INDEX_PREFIX:
+        key = sibling_key(req)
+        if key is None:
             return []
-        group = self._groups.get((namespace_of(req), as_tokens(tokens[:INDEX_PREFIX]).tobytes()), [])
-        return [s for s in group if s is not req]
+        return [s for s in self._groups.get(key, ()) if s is not req]
 
 
 def plan_producer(

@@ -16,6 +16,7 @@ from sglang_radixflow.observe.rounds import RoundRecorder
 from sglang_radixflow.observe.trace import TraceWriter
 from sglang_radixflow.schedule.admission import AdmissionGate
 from sglang_radixflow.schedule.producers import (
+    INDEX_PREFIX,
     ProducerPlan,
     PublishMode,
     SiblingIndex,
@@ -23,6 +24,7 @@ from sglang_radixflow.schedule.producers import (
     namespace_of,
     plan_producer,
     request_tokens,
+    sibling_key,
 )
 
 logger = logging.getLogger("sglang_radixflow")
@@ -67,6 +69,11 @@ class SchedulingState:
         self._index: Optional[SiblingIndex] = None
         self._waiting: list[Any] = []
         self._planned: dict[str, ProducerPlan] = {}
+        # Open promises by sibling key (rebuilt when the table changes): a request is checked only against the
+        # promises on its own first tokens, not the whole table, and most requests a pass examines have none.
+        self._heads_version: Optional[tuple[int, int, int, int]] = None
+        self._heads: dict[tuple, list[Promise]] = {}
+        self._short_promises: list[Promise] = []  # b < INDEX_PREFIX: no key, checked against every request
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -94,16 +101,38 @@ class SchedulingState:
         return self.traversal != "native" and self.current is not None
 
     # ---- verdicts ----
+    def _refresh_heads(self) -> None:
+        c = self.promises.counters
+        version = (id(self.promises), c.registered, c.published, c.cancelled)  # every open/close moves a counter
+        if version == self._heads_version:
+            return
+        self._heads_version, self._heads, self._short_promises = version, {}, []
+        for promise in self.promises.open_promises():
+            if promise.boundary >= INDEX_PREFIX:
+                key = (promise.namespace, promise.tokens[:INDEX_PREFIX].tobytes())
+                self._heads.setdefault(key, []).append(promise)
+            else:
+                self._short_promises.append(promise)
+
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
-        if not self.active or not len(self.promises):
+        if not self.active:
+            return None
+        self._refresh_heads()
+        # A promise with b >= INDEX_PREFIX can block only a request whose first INDEX_PREFIX tokens are its own
+        # (b <= key_limit < len(tokens), so such a request always has a sibling key).
+        key = sibling_key(req)
+        candidates = self._heads.get(key, []) if key is not None else []
+        if self._short_promises:
+            candidates = candidates + self._short_promises
+        if not candidates:
             return None
         if getattr(req, DEFER_COUNT, 0) >= self.config.max_defer_rounds:
             return None  # bounded deferral: run from h
         tokens = request_tokens(req)
         return self.promises.blocking(
             namespace_of(req), tokens, int(req.prefix_len), key_limit(req, tokens), self.config.min_gain_tokens,
-            exclude_rid=str(req.rid),
+            exclude_rid=str(req.rid), candidates=candidates,
         )
 
     def note_blocked(self, req: Any) -> None:

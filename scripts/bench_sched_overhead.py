@@ -1,0 +1,311 @@
+#!/usr/bin/env python
+"""CPU cost of ONE prefill scheduling pass: radixflow (state-ready traversal) vs native SGLang.
+
+The pass is SGLang's real `Scheduler._get_new_batch_prefill_raw` over real SGLang classes (policy, PrefillAdder or
+RadixFlowPrefillAdder, Req, ScheduleBatch.init_new, RadixFlowCache on the Python tree core, CPU pools), wrapped by
+radixflow's pass hook, as the unit-test harness runs it (tests/unit/schedule/harness.py). The batch's allocation
+(prepare_for_extend) is outside the timed region in every variant. Each sample: a fresh scheduler with an empty
+tree, a waiting queue of N requests, one timed pass (GC off). Medians over the repeats of process CPU time
+(process_time) and wall time (perf_counter).
+
+Variants: native = RADIXFLOW_ARM=sglang (SGLang's PrefillAdder); rf = RADIXFLOW_ARM=radixflow with native admission
+(the traversal alone); rf+flex = the radixflow arm as deployed, its admission gate included (requests arrived 1 s
+ago: the gate releases on its deadline, i.e. what a loaded server sees).
+Queue state: steady = the requests were seen by an earlier pass (per-request keys cached, what a long queue looks
+like pass after pass); cold = every request is new (the first pass after a burst of N arrivals).
+
+Queue: groups of 4 candidates (a shared document of 300-500 tokens + a 20-token question, then a distinct 8-24
+token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1 in 5 requests).
+Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
+
+    python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid]
+    python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
+    python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import importlib
+import os
+import pstats
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+from sglang_radixflow.cpu import boot  # noqa: E402
+
+boot.install()  # SGLang's CPU engine + our CPU runtime, as tests/conftest.py does
+
+from sglang.srt.managers import scheduler as scheduler_module  # noqa: E402
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
+
+from sglang_radixflow.schedule.binding import run_prefill_pass  # noqa: E402
+from sglang_radixflow.schedule.producers import SiblingIndex  # noqa: E402
+from tests.unit.cache.helpers import FULL, HYBRID  # noqa: E402
+from tests.unit.schedule.harness import PassHarness, make_request  # noqa: E402
+
+S, T = 64, 16384
+CONFIGS = {"full": FULL, "hybrid": HYBRID}
+VARIANTS = {"native": ("sglang", "native"), "rf": ("radixflow", "native"), "rf+flex": ("radixflow", "flex")}
+
+
+def make_queue(n: int, seed: int = 0) -> list[Req]:
+    rng = random.Random(seed)
+    tok = lambda k: [rng.randrange(100, 50_000) for _ in range(k)]  # noqa: E731
+    reqs: list[Req] = []
+    group = 0
+    while len(reqs) < n:
+        if rng.random() < 0.2:
+            reqs.append(make_request(f"u{len(reqs)}", tok(rng.randint(150, 400))))
+            continue
+        shared = tok(rng.randint(300, 500)) + tok(20)  # document + question
+        for c in range(4):
+            if len(reqs) < n:
+                reqs.append(make_request(f"g{group}c{c}", shared + tok(rng.randint(8, 24))))
+        group += 1
+    return reqs
+
+
+def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
+    arm, admission = VARIANTS[variant]
+    h = PassHarness(
+        CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S, kv_size=32768, max_num_reqs=S + 8,
+        mamba_cache_size=S + 16, max_context_len=2048,
+    )
+    queue = make_queue(n)
+    h.submit(*queue)
+    for req in queue:  # arrived a while ago: a flex gate releases on its deadline
+        req.time_stats.wait_queue_entry_time -= 1.0
+    if steady:
+        SiblingIndex(queue)  # what an earlier pass that planned a producer left cached on these requests
+    return h
+
+
+def one_pass(h: PassHarness) -> Any:
+    return run_prefill_pass(
+        scheduler_module.Scheduler._get_new_batch_prefill_raw, h.sched, h.cache.rf_sched, None, ScheduleBatch(reqs=[]),
+    )
+
+
+def model_free() -> Any:
+    """The pass's model-bound steps, stubbed as in the harness."""
+    stack = mock.patch.multiple(ScheduleBatch, prepare_for_extend=lambda batch: None)
+    stats = mock.patch.object(scheduler_module.PrefillStats, "from_adder", return_value=None)
+
+    class Both:
+        def __enter__(self) -> None:
+            stack.__enter__()
+            stats.__enter__()
+
+        def __exit__(self, *exc: Any) -> None:
+            stats.__exit__(*exc)
+            stack.__exit__(*exc)
+
+    return Both()
+
+
+def timed_pass(h: PassHarness) -> tuple[float, float, int]:
+    """(wall s, cpu s, admitted) of one pass; only the pass itself is inside the timed region."""
+    with model_free():
+        gc.collect()
+        gc.disable()
+        try:
+            w0, c0 = time.perf_counter(), time.process_time()
+            batch, _ = one_pass(h)
+            w1, c1 = time.perf_counter(), time.process_time()
+        finally:
+            gc.enable()
+    return w1 - w0, c1 - c0, len(batch.reqs) if batch is not None else 0
+
+
+@dataclass
+class Sample:
+    wall: float
+    cpu: float
+    admitted: int
+    visits: int
+
+
+def count_visits(config: str, variant: str, n: int) -> int:
+    """Requests the pass examined (init_next_round_input calls), from a separate untimed pass."""
+    h = prepared(config, variant, n, steady=True)
+    calls = [0]
+    orig = Req.init_next_round_input
+
+    def counting(self: Req, *a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return orig(self, *a, **k)
+
+    with mock.patch.object(Req, "init_next_round_input", counting), model_free():
+        one_pass(h)
+    return calls[0]
+
+
+def measure(config: str, n: int, repeats: int, steady: bool, warmup: int = 2) -> dict[str, Sample]:
+    """All variants, interleaved sample by sample so that load from other processes hits them alike."""
+    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    admitted: dict[str, int] = {}
+    for i in range(warmup + repeats):
+        for v in VARIANTS:
+            wall, cpu, admitted[v] = timed_pass(prepared(config, v, n, steady))
+            if i >= warmup:
+                walls[v].append(wall)
+                cpus[v].append(cpu)
+    return {
+        v: Sample(statistics.median(walls[v]), statistics.median(cpus[v]), admitted[v], count_visits(config, v, n))
+        for v in VARIANTS
+    }
+
+
+def table(configs: list[str], sizes: list[int], repeats: int, steady: bool) -> None:
+    ms = lambda s: f"{s * 1e3:8.3f}"  # noqa: E731
+    print(f"\none prefill pass, {'steady' if steady else 'cold'} queue, S={S} rows, T={T} tokens, "
+          f"median of {repeats}: CPU ms (ratio to native) | wall ms | admitted / examined requests")
+    print(f"{'config':7} {'N':>5} | {'native':>8} {'rf':>8} {'':7} {'rf+flex':>8} {'':7} | {'native':>8} {'rf':>8}"
+          f" {'rf+flex':>8} | {'native':>7} {'rf':>7} {'rf+flex':>7}")
+    for config in configs:
+        for n in sizes:
+            s = measure(config, n, repeats, steady)
+            nat = s["native"]
+            print(f"{config:7} {n:5d} | {ms(nat.cpu)} {ms(s['rf'].cpu)} ({s['rf'].cpu / nat.cpu:4.2f}x)"
+                  f" {ms(s['rf+flex'].cpu)} ({s['rf+flex'].cpu / nat.cpu:4.2f}x) |"
+                  f" {ms(nat.wall)} {ms(s['rf'].wall)} {ms(s['rf+flex'].wall)} |"
+                  + "".join(f" {x.admitted:>3}/{x.visits:<3}" for x in s.values()), flush=True)
+
+
+# radixflow's own code on the pass path: everything else the pass runs is SGLang's.
+OWN_CODE: tuple[tuple[str, Optional[str], str], ...] = (
+    ("sglang_radixflow.schedule.admission", "AdmissionGate", "decide"),
+    ("sglang_radixflow.schedule.binding", None, "budgets"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "begin_pass"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "end_pass"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "blocking_promise"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "note_blocked"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "plan"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "note_admitted"),
+    ("sglang_radixflow.schedule.adder", None, "release_staged"),
+    ("sglang_radixflow.schedule.adder", "RadixFlowPrefillAdder", "_select_prefill_admission"),
+    ("sglang_radixflow.cache.tree", "RadixFlowCache", "match_prefix"),
+)
+# Overrides that call back into SGLang: their SGLang part is timed separately and subtracted.
+SUPERS = {
+    "RadixFlowPrefillAdder._select_prefill_admission": (
+        "sglang.srt.managers.schedule_policy", "PrefillAdder", "_select_prefill_admission"),
+    "RadixFlowCache.match_prefix": ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "match_prefix"),
+}
+
+
+def breakdown(config: str, n: int, repeats: int, variant: str = "rf+flex") -> None:
+    """ms per pass inside each radixflow hook (steady queue) vs the rest of the pass (SGLang's code), and SGLang's
+    per-candidate cost (Req.init_next_round_input, run for every request the scan examines). Minimum over the
+    repeats (the estimate least inflated by other processes) and median."""
+    acc: dict[str, float] = {}
+    calls: dict[str, int] = {}
+
+    def timer(orig: Callable[..., Any], key: str) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                acc[key] += time.perf_counter() - t0
+                calls[key] += 1
+        return timed
+
+    sglang_visit = "SGLang Req.init_next_round_input"
+    targets = [(m, c, f, f"{c + '.' if c else ''}{f}") for m, c, f in OWN_CODE]
+    targets += [(m, c, f, key + " [SGLang]") for key, (m, c, f) in SUPERS.items()]
+    targets.append(("sglang.srt.managers.schedule_batch", "Req", "init_next_round_input", sglang_visit))
+    patches = []
+    for module_name, cls_name, fn, key in targets:
+        module = importlib.import_module(module_name)
+        owner = getattr(module, cls_name) if cls_name else module
+        patches.append(mock.patch.object(owner, fn, timer(getattr(owner, fn), key)))
+    samples: dict[str, list[dict[str, float]]] = {"native": [], variant: []}
+    counts: dict[str, dict[str, int]] = {}
+    for p in patches:
+        p.start()
+    try:
+        for i in range(repeats + 2):
+            for v in samples:
+                acc.clear()
+                calls.clear()
+                for *_, key in targets:
+                    acc[key], calls[key] = 0.0, 0
+                wall, _, _ = timed_pass(prepared(config, v, n, steady=True))
+                if i >= 2:
+                    own = {k: x for k, x in acc.items() if k != sglang_visit and not k.endswith("[SGLang]")}
+                    for key in SUPERS:
+                        own[key] -= acc[key + " [SGLang]"]
+                    samples[v].append({"pass": wall, sglang_visit: acc[sglang_visit], **own})
+                    counts[v] = dict(calls)
+    finally:
+        for p in patches:
+            p.stop()
+
+    def stat(v: str, key: str) -> str:
+        xs = [x[key] * 1e3 for x in samples[v]]
+        return f"{min(xs):7.3f} {statistics.median(xs):7.3f}"
+
+    print(f"\nbreakdown ({variant}, {config}, N={n}, steady queue), wall ms per pass [min median], timers included")
+    print(f"  {'native pass':52} {stat('native', 'pass')}")
+    print(f"  {variant + ' pass':52} {stat(variant, 'pass')}")
+    for key in samples[variant][0]:
+        if key not in ("pass", sglang_visit):
+            print(f"    {key:50} {stat(variant, key)}   x{counts[variant][key]}")
+    for x in samples[variant]:
+        x["own"] = sum(val for k, val in x.items() if k not in ("pass", sglang_visit, "own"))
+        x["sglang"] = x["pass"] - x["own"]
+    print(f"  {'radixflow code, total':52} {stat(variant, 'own')}")
+    print(f"  {'SGLang code in the ' + variant + ' pass':52} {stat(variant, 'sglang')}")
+    for v in samples:
+        print(f"  {sglang_visit + ' (' + v + ')':52} {stat(v, sglang_visit)}   x{counts[v][sglang_visit]}")
+
+
+def profile(config: str, n: int, top: int = 30) -> None:
+    h = prepared(config, "rf+flex", n, steady=True)
+    prof = cProfile.Profile()
+    with model_free():
+        prof.runcall(one_pass, h)
+    print(f"\ncProfile, rf+flex pass, {config}, N={n}, steady queue")
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=["full", "hybrid"])
+    ap.add_argument("--cold", action="store_true", help="also the table for a queue of new requests")
+    ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
+    ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the radixflow pass at size N")
+    args = ap.parse_args(argv)
+    if args.profile is not None:
+        for config in args.config:
+            profile(config, args.profile)
+        return 0
+    if args.breakdown is not None:
+        for config in args.config:
+            breakdown(config, args.breakdown, args.repeats)
+        return 0
+    table(args.config, args.sizes, args.repeats, steady=True)
+    if args.cold:
+        table(args.config, args.sizes, args.repeats, steady=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The scan's fast paths (sibling keys, promise index by first tokens, zero-copy LCP) answer exactly as the slow ones."""
+from __future__ import annotations
+
+import random
+from array import array
+
+from sglang_radixflow.cache.promises import PromiseTable, longest_common_prefix
+from sglang_radixflow.config import RadixFlowConfig
+from sglang_radixflow.schedule.producers import (
+    INDEX_PREFIX,
+    PublishMode,
+    SiblingIndex,
+    key_limit,
+    namespace_of,
+    request_tokens,
+    sibling_key,
+)
+from sglang_radixflow.schedule.state import SchedulingState
+from tests.unit.schedule.harness import make_request
+
+DOC_A = list(range(1000, 1300))
+DOC_B = list(range(2000, 2300))
+
+
+def state() -> SchedulingState:
+    sched = SchedulingState(RadixFlowConfig(), PublishMode.KV, 1)
+    sched.begin_pass(1, [])
+    return sched
+
+
+def promise_for(sched: SchedulingState, producer, boundary: int) -> None:  # noqa: ANN001
+    tokens = request_tokens(producer)
+    sched.promises.register(namespace_of(producer), tokens[:boundary], boundary, str(producer.rid), 1)
+
+
+def full_scan(sched: SchedulingState, req):  # noqa: ANN001, ANN201
+    """The reference: every open promise, no index."""
+    tokens = request_tokens(req)
+    return sched.promises.blocking(
+        namespace_of(req), tokens, int(req.prefix_len), key_limit(req, tokens), sched.config.min_gain_tokens,
+        exclude_rid=str(req.rid),
+    )
+
+
+def test_request_tokens_and_sibling_keys() -> None:
+    req = make_request("r", DOC_A + [1, 2])
+    assert request_tokens(req) is req.origin_input_ids  # no copy before any output
+    req.output_ids.append(9)
+    assert list(request_tokens(req)) == DOC_A + [1, 2, 9]
+    a1, a2 = make_request("a1", DOC_A + [1]), make_request("a2", DOC_A + [2])
+    assert sibling_key(a1) == sibling_key(a2) != sibling_key(make_request("b", DOC_B))
+    assert sibling_key(a1) != sibling_key(make_request("a-salted", DOC_A + [1], cache_salt="t"))
+    assert sibling_key(make_request("short", DOC_A[:INDEX_PREFIX])) is None
+    index = SiblingIndex([a1, a2, make_request("b", DOC_B)])
+    assert index.siblings(a1, request_tokens(a1)) == [a2]
+
+
+def test_index_gives_the_same_verdicts_as_the_full_table() -> None:
+    sched = state()
+    producers = [make_request("pa", DOC_A + [7]), make_request("pb", DOC_B + [7])]
+    promise_for(sched, producers[0], len(DOC_A))
+    promise_for(sched, producers[1], 200)
+    waiting = [
+        *producers,
+        make_request("a1", DOC_A + [1]), make_request("b1", DOC_B + [1]),
+        make_request("b-short", DOC_B[:150] + [1]),  # shares the key but not the promised 200 tokens
+        make_request("a-other-ns", DOC_A + [1], cache_salt="t"), make_request("u", list(range(9000, 9100))),
+        make_request("tiny", DOC_A[:5]),
+    ]
+    verdicts = {r.rid: sched.blocking_promise(r) for r in waiting}
+    assert verdicts == {r.rid: full_scan(sched, r) for r in waiting}
+    assert {rid for rid, p in verdicts.items() if p is not None} == {"a1", "b1"}
+
+
+def test_promises_shorter_than_the_key_still_block() -> None:
+    sched = state()
+    producer = make_request("p", DOC_A[:5] + [7] * 20)
+    promise_for(sched, producer, 5)
+    consumer = make_request("c", DOC_A[:5] + [8] * 20)  # shares only 5 tokens: a different sibling key
+    assert sibling_key(consumer) != sibling_key(producer)
+    assert sched.blocking_promise(consumer) is full_scan(sched, consumer) is not None
+
+
+def test_index_follows_the_table() -> None:
+    sched = state()
+    producer, consumer = make_request("p", DOC_A + [7]), make_request("c", DOC_A + [8])
+    assert sched.blocking_promise(consumer) is None
+    promise_for(sched, producer, len(DOC_A))
+    (promise,) = sched.promises.open_promises()
+    assert sched.blocking_promise(consumer) is promise  # a new promise is seen at once
+    sched.promises.publish(promise, 1)
+    assert sched.blocking_promise(consumer) is None  # a closed one no longer blocks
+    promise_for(sched, producer, len(DOC_A))
+    sched.promises = PromiseTable()  # a replaced table is not served from the old index
+    assert sched.blocking_promise(consumer) is None
+
+
+def test_longest_common_prefix_matches_a_naive_scan() -> None:
+    def naive(a: list[int], b: list[int]) -> int:
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        base = [rng.randrange(-(1 << 62), 1 << 62) if rng.random() < 0.1 else rng.randrange(-3, 3) for _ in range(70)]
+        a = base[: rng.randint(0, 60)]
+        b = base[: rng.randint(0, len(a))] + [rng.randrange(-3, 3) for _ in range(rng.randint(0, 20))]
+        expected = naive(a, b)
+        assert longest_common_prefix(a, b) == expected
+        assert longest_common_prefix(array("q", b), array("q", a)) == expected
