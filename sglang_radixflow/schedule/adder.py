@@ -14,7 +14,7 @@ from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _Pre
 
 from sglang_radixflow.cache.tree import token_hit
 from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode
-from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS
+from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_FACTOR, SLOT_WAITS
 
 # SGLang internals this module relies on (fail loudly on upgrade):
 assert {"prefix_len", "extend_len", "max_new_tokens", "is_chunked", "replay_len"} <= {
@@ -53,9 +53,9 @@ class RadixFlowPrefillAdder(PrefillAdder):
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
         if self._producer_slot_busy(req, plan, sched):
             # Its state at b can only be published by cutting its chunk there, and SGLang tracks one chunked
-            # request at a time: wait one round (a Blocked verdict on the producer slot) instead of letting every
-            # sibling recompute the prefix. Bounded like any deferral.
-            sched.note_blocked(req)
+            # request at a time: wait (a Blocked verdict on the producer slot) instead of letting every sibling
+            # recompute the prefix. The oldest waiting producer gets the slot when it frees; bounded.
+            sched.note_slot_wait(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
         self._rf_plan = plan
@@ -73,8 +73,18 @@ class RadixFlowPrefillAdder(PrefillAdder):
             and plan.mode is PublishMode.CHUNK_END
             and plan.boundary < len(req.full_untruncated_fill_ids)
             and not self._rf_may_chunk
-            and getattr(req, DEFER_COUNT, 0) < sched.config.max_defer_rounds
+            and getattr(req, SLOT_WAITS, 0) < SLOT_WAIT_FACTOR * sched.config.max_defer_rounds
+            and getattr(req, DEFER_COUNT, 0) < sched.config.max_defer_rounds  # past its bound it runs from h
         )
+
+    def add_chunked_req(self, req: Any):
+        """A producer whose first chunk stopped short of its boundary (token budget) continues with a chunk cut at
+        b, so that its state lands exactly there."""
+        cut = self.tree_cache.rf_sched.pending_boundary(req)
+        if cut is not None:
+            limit = cut - int(req.prefix_len)
+            self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
+        return super().add_chunked_req(req)
 
     def _would_fragment(self, req: Any, sched: Any) -> bool:
         """The remaining budget would cut `req` into a fragment below one checkpoint grid (it would publish no

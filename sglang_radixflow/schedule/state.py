@@ -29,6 +29,8 @@ from sglang_radixflow.schedule.producers import (
 
 logger = logging.getLogger("sglang_radixflow")
 DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: rounds this request was deferred as Blocked
+SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
+SLOT_WAIT_FACTOR = 4  # slot waits are bounded at this multiple of max_defer_rounds (the slot frees every round)
 FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
 FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
 
@@ -142,6 +144,18 @@ class SchedulingState:
         if self.traversal == "stop":
             self.current.stopped_on_blocked = True
 
+    def note_slot_wait(self, req: Any) -> None:
+        setattr(req, SLOT_WAITS, getattr(req, SLOT_WAITS, 0) + 1)
+        assert self.current is not None
+        self.current.blocked_skips += 1
+        if self.traversal == "stop":
+            self.current.stopped_on_blocked = True
+
+    def pending_boundary(self, req: Any) -> Optional[int]:
+        """The boundary a chunked producer still has to reach (its next chunk must end there), if any."""
+        ahead = [p.boundary for p in self.promises.for_producer(str(req.rid)) if p.boundary > int(req.prefix_len)]
+        return min(ahead) if ahead else None
+
     def note_fragment_skip(self, req: Any) -> None:
         setattr(req, FRAG_SKIPS, getattr(req, FRAG_SKIPS, 0) + 1)
         assert self.current is not None
@@ -176,8 +190,8 @@ class SchedulingState:
         note_admitted_meta(req, token_hit, int(req.prefix_len))
         if plan is None:
             return
-        if plan.mode is PublishMode.CHUNK_END and req.extend_end != plan.boundary:
-            return  # SGLang's single chunked-request slot was taken: no state at b this round, no promise
+        if plan.mode is PublishMode.CHUNK_END and req.extend_end > plan.boundary:
+            return  # its chunk passed b (no chunk slot): no state at b, no promise
         if plan.mode is PublishMode.TRACK:
             req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
         tokens = request_tokens(req)
