@@ -143,6 +143,7 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
             "env": dict(server.env), "S": S, "T": T,
             "log_start": os.path.getsize(log_path), "warmup_last_round": _last_round(trace_path),
             "loadavg_start": os.getloadavg()[0],  # the machine may be shared: timings are only as clean as this
+            **code_version(),  # per arm: the code a server imported at its start
         }
         log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
         client = OpenLoopClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
