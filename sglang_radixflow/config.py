@@ -30,6 +30,7 @@ class RadixFlowConfig:
     max_defer_rounds: int = 8  # a Blocked request runs from h after this many deferrals
     min_gain_tokens: int = 1  # a producer boundary must extend h by at least this much
     promise_max_age_rounds: int = 64
+    producer_slot_wait: bool = False  # hybrid no_buffer: a would-be producer waits for SGLang's one chunk slot
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
 
@@ -89,6 +90,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "MAX_DEFER_ROUNDS": ("max_defer_rounds", _number(int, 0)),
     "MIN_GAIN_TOKENS": ("min_gain_tokens", _number(int, 1)),
     "PROMISE_MAX_AGE_ROUNDS": ("promise_max_age_rounds", _number(int, 1)),
+    "PRODUCER_SLOT_WAIT": ("producer_slot_wait", _bool),
     "TRACE": ("trace_path", _path),
     "CPU_RUNTIME": ("cpu_runtime", _choice(("auto", "off"))),
 }

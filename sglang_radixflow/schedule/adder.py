@@ -52,9 +52,10 @@ class RadixFlowPrefillAdder(PrefillAdder):
         plan = sched.plan(req, self.can_run_list)
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
         if self._producer_slot_busy(req, plan, sched):
-            # Its state at b can only be published by cutting its chunk there, and SGLang tracks one chunked
-            # request at a time: wait (a Blocked verdict on the producer slot) instead of letting every sibling
-            # recompute the prefix. The oldest waiting producer gets the slot when it frees; bounded.
+            # RADIXFLOW_PRODUCER_SLOT_WAIT: its state at b can only be published by cutting its chunk there, and
+            # SGLang tracks one chunked request at a time: wait for the slot instead of letting every sibling
+            # recompute the prefix. More reuse, but at most one new hybrid producer per round (off by default:
+            # by the paper's definitions its siblings are Ready, nothing is being produced for them).
             sched.note_slot_wait(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
@@ -69,7 +70,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
         return (
-            plan is not None
+            sched.config.producer_slot_wait
+            and plan is not None
             and plan.mode is PublishMode.CHUNK_END
             and plan.boundary < len(req.full_untruncated_fill_ids)
             and not self._rf_may_chunk

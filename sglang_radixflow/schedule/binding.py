@@ -43,8 +43,10 @@ def bind_scheduler(scheduler: Any) -> None:
 
 def budgets(scheduler: Any, running_batch: Any) -> tuple[int, Optional[int]]:
     """(S, T): rows a prefill round may take now, and its token budget (chunked prefill size, else the cap)."""
+    from sglang.srt.runtime_context import get_schedule
+
     rows = int(scheduler.get_num_allocatable_reqs(len(running_batch.reqs), running_batch=running_batch))
-    for cap in (getattr(scheduler, "max_prefill_bs", 0), getattr(scheduler, "prefill_max_requests", None)):
+    for cap in (getattr(scheduler, "max_prefill_bs", 0), get_schedule().prefill_max_requests):
         if cap:
             rows = min(rows, int(cap))
     chunk = scheduler.chunked_prefill_size

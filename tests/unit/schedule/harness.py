@@ -87,10 +87,13 @@ class PassHarness:
     both until the queue drains."""
 
     def __init__(self, components, arm: str = "radixflow", token_budget: int = 4096, rows: int = 16,
-                 admission: str = "native", **cfg: Any):
+                 admission: str = "native", slot_wait: bool = False, **cfg: Any):
         """admission: the arm's admission is replaced (native by default) so that a pass never holds."""
         self.cache, self.allocator, self.pool = build_radixflow(components, **cfg)
-        self.cache.configure(load_config({"RADIXFLOW_ARM": arm, "RADIXFLOW_ADMISSION": admission}))
+        self.cache.configure(load_config({
+            "RADIXFLOW_ARM": arm, "RADIXFLOW_ADMISSION": admission,
+            "RADIXFLOW_PRODUCER_SLOT_WAIT": "1" if slot_wait else "0",
+        }))
         self.forward_ct = 0
         self.cache.rf_clock.bind(lambda: self.forward_ct)
         self.traversal = self.cache.rf_sched.traversal
@@ -154,8 +157,9 @@ class PassHarness:
     def run_pass(self) -> list[Req]:
         """One prefill pass; returns the admitted requests (the batch of this round)."""
         chunked = self.sched.chunked_req
-        # Scheduler.get_next_batch_to_run: the chunk that ran last round enters the tree before the next pass.
-        if chunked is not None and chunked.extend_end > chunked.prefix_len:
+        # Scheduler.get_next_batch_to_run: the chunk that ran last round enters the tree before the next pass. A chunk
+        # that was admitted but never executed (one-pass tests) holds no KV and has nothing to stash.
+        if chunked is not None and chunked.kv.holds_kv and chunked.extend_end > chunked.prefix_len:
             scheduler_module.Scheduler.stash_chunked_request(self.sched, chunked)
         self.sched.forward_ct = self.forward_ct
         # The batch is SGLang's own (init_new); its allocation (prepare_for_extend) is deferred to execute(): nothing

@@ -21,8 +21,8 @@ def unrelated():  # noqa: ANN201
     return make_request("other", list(range(5000, 5300)))
 
 
-def harness(components, arm: str) -> PassHarness:  # noqa: ANN001
-    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64)
+def harness(components, arm: str, slot_wait: bool = False) -> PassHarness:  # noqa: ANN001
+    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64, slot_wait=slot_wait)
 
 
 def rids(reqs) -> list[str]:  # noqa: ANN001
@@ -74,7 +74,7 @@ def test_full_attention_producer_runs_whole_and_consumers_wait_for_its_kv() -> N
 
 
 def test_namespaces_never_wait_on_each_other() -> None:
-    h = harness(HYBRID, "radixflow")
+    h = harness(HYBRID, "radixflow", slot_wait=True)
     a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
     h.submit(a[0], b[0], a[1], b[1])
     batch = h.run_pass()
@@ -121,3 +121,12 @@ def test_identical_decisions_when_replayed(arm: str) -> None:
         h.submit(*candidates(), unrelated())
         out.append((rids(h.run_pass()), rids(h.waiting)))
     assert out[0] == out[1]
+
+
+def test_without_slot_wait_the_second_namespace_runs_natively() -> None:
+    """Default (paper's definitions): tenant-b's siblings are Ready - nothing is being produced for them."""
+    h = harness(HYBRID, "radixflow")
+    a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
+    h.submit(a[0], b[0], a[1], b[1])
+    assert rids(h.run_pass()) == ["c0", "c2", "c3"]
+    assert rids(h.waiting) == ["c1"]
