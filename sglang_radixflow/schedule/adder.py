@@ -103,6 +103,15 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def _select_prefill_admission(self, req: Any, **kwargs: Any):
         admission = super()._select_prefill_admission(req, **kwargs)
+        if (
+            not isinstance(admission, AddReqResult)
+            and admission.is_chunked
+            and (self.new_chunked_req is not None or kwargs.get("has_chunked_req"))
+        ):
+            # SGLang tracks ONE chunked request per pass. Natively a chunk always spends the rest of the budget, so
+            # a second one never arises; after a chunk cut at a producer boundary budget is left, and a second
+            # chunked admission would replace the first. End the scan as native budget exhaustion would.
+            return AddReqResult.OTHER
         plan = self._rf_plan
         if plan is None or plan.mode is not PublishMode.CHUNK_END or isinstance(admission, AddReqResult):
             return admission

@@ -130,3 +130,14 @@ def test_without_slot_wait_the_second_namespace_runs_natively() -> None:
     h.submit(a[0], b[0], a[1], b[1])
     assert rids(h.run_pass()) == ["c0", "c2", "c3"]
     assert rids(h.waiting) == ["c1"]
+
+
+def test_a_cut_producer_is_never_replaced_by_a_second_chunked_request() -> None:
+    """The producer's chunk ends at b with budget left; a long unrelated request that would need a chunk must not
+    take SGLang's single chunked-request slot (it would silently replace the producer)."""
+    h = PassHarness(HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64)
+    h.submit(*candidates()[:2], make_request("long", list(range(7000, 7900))))
+    batch = h.run_pass()
+    assert rids(batch) == ["c0"]
+    assert h.sched.chunked_req is batch[0] and batch[0].extend_end == len(DOC)
+    assert rids(h.waiting) == ["c1", "long"]
