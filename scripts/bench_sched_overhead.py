@@ -18,7 +18,8 @@ Queue: groups of 4 candidates (a shared document of 300-500 tokens + a 20-token 
 token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1 in 5 requests).
 Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
 
-    python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid]
+    python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid] [--cold]
+                                           [--slot-wait]
     python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
     python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
 """
@@ -58,6 +59,7 @@ from tests.unit.schedule.harness import PassHarness, make_request  # noqa: E402
 S, T = 64, 16384
 CONFIGS = {"full": FULL, "hybrid": HYBRID}
 VARIANTS = {"native": ("sglang", "native"), "rf": ("radixflow", "native"), "rf+flex": ("radixflow", "flex")}
+SLOT_WAIT = [False]  # --slot-wait: RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow variants
 
 
 def make_queue(n: int, seed: int = 0) -> list[Req]:
@@ -81,7 +83,7 @@ def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
     arm, admission = VARIANTS[variant]
     h = PassHarness(
         CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S, kv_size=32768, max_num_reqs=S + 8,
-        mamba_cache_size=S + 16, max_context_len=2048,
+        mamba_cache_size=S + 16, max_context_len=2048, slot_wait=SLOT_WAIT[0],
     )
     queue = make_queue(n)
     h.submit(*queue)
@@ -290,9 +292,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=["full", "hybrid"])
     ap.add_argument("--cold", action="store_true", help="also the table for a queue of new requests")
+    ap.add_argument("--slot-wait", action="store_true", help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 (hybrid no_buffer)")
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
     ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the radixflow pass at size N")
     args = ap.parse_args(argv)
+    SLOT_WAIT[0] = args.slot_wait
     if args.profile is not None:
         for config in args.config:
             profile(config, args.profile)
