@@ -122,3 +122,16 @@ def test_execute_refuses_requests_that_need_decode() -> None:
     with pytest.raises(AssertionError, match="decode"):
         h.execute()
 
+
+
+def test_a_budget_chunk_never_displaces_the_producers_chunk() -> None:
+    """Regression (multi-round): with the producer cut at b holding SGLang's one chunked-request slot, a later
+    request that does not fit the rest of the budget must wait, not be chunked too; otherwise the producer is
+    processed as finished after its first chunk (it answers a truncated prompt) or its continuation is lost."""
+    h = PassHarness(HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64)
+    h.submit(*candidates(), make_request("long", list(range(5000, 5800))))
+    first, second = h.run_rounds()  # execute() fails if any request finishes before its whole prompt ran
+    assert first.fragments == (Fragment("c0", 0, len(DOC)),)
+    assert second.fragment("c0") == Fragment("c0", len(DOC), TAIL)
+    assert second.fragment("long") == Fragment("long", 0, 800)
+    h.assert_idle_invariants()
