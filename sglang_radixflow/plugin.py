@@ -113,6 +113,6 @@ def _around_run_batch(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
 
 
 def _request_level_key(orig: Any, streamer: Any, key: str) -> bool:
-    from sglang_radixflow.schedule.binding import META_KEYS
+    from sglang_radixflow.observe.meta import META_KEYS
 
     return key in META_KEYS or orig(streamer, key)

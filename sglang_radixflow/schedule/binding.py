@@ -9,11 +9,6 @@ from sglang_radixflow.schedule.state import SchedulingState
 
 logger = logging.getLogger("sglang_radixflow")
 
-# meta_info keys (request-level customized info: emitted once, when the request finishes)
-META_TOKEN_HIT = "radixflow_token_hit"
-META_STATE_HIT = "radixflow_state_hit"
-META_KEYS = frozenset({META_TOKEN_HIT, META_STATE_HIT})
-
 
 def bind_scheduler(scheduler: Any) -> None:
     """First scheduling step: the cache's clock follows forward_ct; unsafe features switch skipping off."""
@@ -87,14 +82,6 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
     if stats is not None and new_batch is not None:
         sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)
     return result
-
-
-def note_admitted_meta(req: Any, token_hit: int, state_hit: int) -> None:
-    """ĥ and h in the response's meta_info, through SGLang's customized-info channel (no SGLang file patched)."""
-    info = req.customized_info if req.customized_info is not None else {}
-    info.setdefault(META_TOKEN_HIT, [token_hit])
-    info.setdefault(META_STATE_HIT, [state_hit])
-    req.customized_info = info
 
 
 def run_batch(orig: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:

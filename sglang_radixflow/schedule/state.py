@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable
 from sglang_radixflow.config import RadixFlowConfig
+from sglang_radixflow.observe.meta import note_admitted_meta
 from sglang_radixflow.observe.rounds import RoundRecorder
 from sglang_radixflow.observe.trace import TraceWriter
 from sglang_radixflow.schedule.admission import AdmissionGate
@@ -70,7 +71,6 @@ class SchedulingState:
         self.current: Optional[PassStats] = None
         self._index: Optional[SiblingIndex] = None
         self._waiting: list[Any] = []
-        self._planned: dict[str, ProducerPlan] = {}
         # Open promises by sibling key (rebuilt when the table changes): a request is checked only against the
         # promises on its own first tokens, not the whole table, and most requests a pass examines have none.
         self._heads_version: Optional[tuple[int, int, int, int]] = None
@@ -95,7 +95,6 @@ class SchedulingState:
     def end_pass(self) -> Optional[PassStats]:
         stats, self.current = self.current, None
         self._index, self._waiting = None, []
-        self._planned.clear()
         return stats
 
     @property
@@ -173,13 +172,9 @@ class SchedulingState:
             req, tokens, self._index.siblings(req, tokens), min_gain=self.config.min_gain_tokens, mode=self.mode,
             cache_chunk=self.cache_chunk, excluded=excluded,
         )
-        if plan is not None:
-            self._planned[str(req.rid)] = plan
         return plan
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
-        from sglang_radixflow.schedule.binding import note_admitted_meta
-
         assert self.current is not None
         self.current.admitted_rids.append(str(req.rid))
         self.current.token_hit_sum += token_hit

@@ -1,0 +1,18 @@
+"""ĥ and h per request in the response's meta_info, through SGLang's customized-info channel (no SGLang file
+patched). The keys are request-level (plugin.py tells SGLang's output streamer), so they are emitted once, when the
+request finishes: meta_info["radixflow_token_hit"] == [ĥ], meta_info["radixflow_state_hit"] == [h] at admission.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+META_TOKEN_HIT = "radixflow_token_hit"
+META_STATE_HIT = "radixflow_state_hit"
+META_KEYS = frozenset({META_TOKEN_HIT, META_STATE_HIT})
+
+
+def note_admitted_meta(req: Any, token_hit: int, state_hit: int) -> None:
+    info = req.customized_info if req.customized_info is not None else {}
+    info.setdefault(META_TOKEN_HIT, [token_hit])
+    info.setdefault(META_STATE_HIT, [state_hit])
+    req.customized_info = info
