@@ -136,19 +136,16 @@ class SchedulingState:
             exclude_rid=str(req.rid), candidates=candidates,
         )
 
-    def note_blocked(self, req: Any) -> None:
-        setattr(req, DEFER_COUNT, getattr(req, DEFER_COUNT, 0) + 1)
+    def note_blocked(self, req: Any, counter: str = DEFER_COUNT) -> None:
+        """A Blocked verdict: count it on the request (its own bound) and in the pass."""
+        setattr(req, counter, getattr(req, counter, 0) + 1)
         assert self.current is not None
         self.current.blocked_skips += 1
         if self.traversal == "stop":
             self.current.stopped_on_blocked = True
 
     def note_slot_wait(self, req: Any) -> None:
-        setattr(req, SLOT_WAITS, getattr(req, SLOT_WAITS, 0) + 1)
-        assert self.current is not None
-        self.current.blocked_skips += 1
-        if self.traversal == "stop":
-            self.current.stopped_on_blocked = True
+        self.note_blocked(req, counter=SLOT_WAITS)  # bounded separately: the chunk slot frees every round
 
     def pending_boundary(self, req: Any) -> Optional[int]:
         """The boundary a chunked producer still has to reach (its next chunk must end there), if any."""
