@@ -1,4 +1,4 @@
-"""`radixflow` command line: make-model, serve-args, demo (bench / report arrive with the bench issue)."""
+"""`radixflow` command line: make-model, demo, bench (multi-candidate, replay), report."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +29,23 @@ def _cmd_bench_multi_candidate(args: argparse.Namespace) -> int:
     return runner.main(args)
 
 
+def _cmd_bench_replay(args: argparse.Namespace) -> int:
+    from sglang_radixflow.bench import replay
+
+    return replay.main(args)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from sglang_radixflow.bench.rebuild import NotABenchDir, rebuild_report
+
+    try:
+        print(rebuild_report(args.dir))
+    except NotABenchDir as err:
+        print(f"radixflow report: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sglang_radixflow.models import ARCHS
 
@@ -53,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(mc)
     mc.set_defaults(func=_cmd_bench_multi_candidate)
+    rp = bench_sub.add_parser("replay", help="fixed-batch replay on SGLang's real prefill pass: rounds vs lower bound")
+    from sglang_radixflow.bench import replay
+
+    replay.add_arguments(rp)
+    rp.set_defaults(func=_cmd_bench_replay)
+
+    rep = sub.add_parser("report", help="rebuild DIR's summary.json, report.md and figures from its saved records")
+    rep.add_argument("dir", help="output directory of a bench (multi-candidate or replay)")
+    rep.set_defaults(func=_cmd_report)
     return parser
 
 

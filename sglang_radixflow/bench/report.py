@@ -230,19 +230,28 @@ def load_arm(out: Path, model: str, arm: str) -> dict[str, Any]:
     return {"run": run, "requests": requests, "prefill": prefill, "trace": trace}
 
 
-def build_summary(out: str | Path) -> dict[str, Any]:
-    out = Path(out)
+def load_run(out: Path) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
+    """(workload.json, {(model, arm): load_arm(...)}) with arms in the run's model / arm order."""
     workload = json.loads((out / "workload.json").read_text())
-    budgets = json.loads((out / "budgets.json").read_text())
-    S, T = int(budgets["S"]), int(budgets["T"])
-    runs = sorted(out.glob("*/*.run.json"))
     loaded: dict[tuple[str, str], dict[str, Any]] = {}
-    for path in runs:
+    for path in sorted(out.glob("*/*.run.json")):
         run = json.loads(path.read_text())
         loaded[(run["model"], run["arm"])] = load_arm(out, run["model"], run["arm"])
+    if not loaded:
+        raise FileNotFoundError(f"{out}: no <model>/<arm>.run.json (not a multi-candidate bench directory?)")
     order = {m: i for i, m in enumerate(workload.get("models", []))}
     arm_order = {a: i for i, a in enumerate(workload.get("arms", []))}
     keys = sorted(loaded, key=lambda k: (order.get(k[0], 99), k[0], arm_order.get(k[1], 99), k[1]))
+    return workload, {k: loaded[k] for k in keys}
+
+
+def build_summary(out: str | Path,
+                  run: Optional[tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]] = None) -> dict[str, Any]:
+    out = Path(out)
+    workload, loaded = run if run is not None else load_run(out)
+    budgets = json.loads((out / "budgets.json").read_text())
+    S, T = int(budgets["S"]), int(budgets["T"])
+    keys = list(loaded)
     arms: dict[str, Any] = {}
     for model, arm in keys:
         data = loaded[(model, arm)]
@@ -289,7 +298,8 @@ TABLE_HEAD = (
 )
 
 
-def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, Any]] = None) -> str:
+def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, Any]] = None,
+                  figures: Sequence[str] = ()) -> str:
     w = summary["workload"]
     b = summary["budgets"]
     ideal = w.get("ideal_reuse_ratio")
@@ -360,6 +370,12 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
             lines.append(f"| {c['S']} | {c['T']} | {_f(c.get('latency_mean_s'))} | {_f(c.get('prefill_rounds'))} | "
                          f"{chosen} |")
         lines.append("")
+    if figures:
+        lines += ["## Figures", "",
+                  "Rounds and latency per arm against `sglang`, and round gain vs cost drift (paper's Figure 3); "
+                  "round fullness (rows / S per prefill round, from SGLang's log) and latency distributions per arm "
+                  "(paper's Figure 4).", ""]
+        lines += [f"![{name}]({name})" for name in figures] + [""]
     lines += [
         "## Where the numbers come from",
         "",
@@ -382,13 +398,31 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
     return "\n".join(lines)
 
 
-def write_report(out: str | Path) -> dict[str, Any]:
-    """(Re)build DIR/summary.json and DIR/report.md from DIR's saved records."""
+def write_figures(out: Path, summary: dict[str, Any],
+                  loaded: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
+    """Figures 3 and 4 from the summary and the per-arm records (SGLang's prefill log lines, client latencies)."""
+    from sglang_radixflow.bench import figures
+
+    rows: dict[str, dict[str, list[int]]] = {}
+    lat: dict[str, dict[str, list[float]]] = {}
+    for (model, arm), data in loaded.items():
+        rows.setdefault(model, {})[arm] = [p["seqs"] for p in data["prefill"]]
+        lat.setdefault(model, {})[arm] = [float(r["latency_s"]) for r in data["requests"] if not r.get("error")]
+    return [
+        figures.rounds_latency_figure(summary, out / figures.FIG3, baseline=BASELINE_ARM),
+        figures.distributions_figure(rows, lat, int(summary["budgets"]["S"]), out / figures.FIG4),
+    ]
+
+
+def write_report(out: str | Path, with_figures: bool = True) -> dict[str, Any]:
+    """(Re)build DIR/summary.json, DIR/report.md and the figures from DIR's saved records (logs, traces, requests)."""
     out = Path(out)
-    summary = build_summary(out)
+    run = load_run(out)
+    summary = build_summary(out, run)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     detail = json.loads((out / "budgets.json").read_text())
-    (out / "report.md").write_text(format_report(summary, detail))
+    figs = [p.name for p in write_figures(out, summary, run[1])] if with_figures else []
+    (out / "report.md").write_text(format_report(summary, detail, figs))
     return summary
 
 

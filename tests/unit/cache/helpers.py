@@ -7,36 +7,20 @@ from __future__ import annotations
 
 from array import array
 from typing import Optional, Sequence
-from unittest import mock
 
 import torch
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-from sglang.test.kits.unified_radix_cache import fixtures
-from sglang.test.kits.unified_radix_cache.config import CacheConfig
 
+from sglang_radixflow.bench.passes import FULL, HYBRID, build_cache, cache_config  # noqa: F401  (re-exported)
 from sglang_radixflow.cache.tree import RadixFlowCache
-
-FULL = (ComponentType.FULL,)
-HYBRID = (ComponentType.FULL, ComponentType.MAMBA)
-
-
-def cache_config(components: Sequence[ComponentType], **overrides: object) -> CacheConfig:
-    base = dict(components=tuple(components), kv_size=2048, mamba_cache_size=64, max_num_reqs=16, max_context_len=1024)
-    base.update(overrides)
-    return CacheConfig(**base)
 
 
 def build(cache_class: type[UnifiedRadixCache], components: Sequence[ComponentType], **cfg: object):
     """(cache, allocator, req_to_token_pool) with SGLang's real CPU pools."""
-    with mock.patch.object(fixtures, "get_device", return_value="cpu"), mock.patch.object(
-        fixtures, "UnifiedRadixCache", cache_class
-    ):
-        cache, allocator, pool = fixtures.build_fixture(cache_config(components, **cfg), mamba_cache_chunk_size=1)
-    assert type(cache) is cache_class
-    return cache, allocator, pool
+    return build_cache(cache_class, components, **cfg)
 
 
 def build_radixflow(components: Sequence[ComponentType], **cfg: object):

@@ -24,75 +24,32 @@ state), budget-chunked: 17 fragments, 19,570 tokens, 6 rounds, 7 empty slots.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from sglang_radixflow.bench.passes import HYBRID, PassHarness, RoundRecord, make_request
+from sglang_radixflow.bench.replay import (
+    FIG1_BRANCH as BRANCH, FIG1_DOCS as DOCS, FIG1_ORDER as ORDER, FIG1_S as S, FIG1_T as T,
+    FIG1_UNRELATED as UNRELATED, Instance, dependency_depth as _depth, figure1_instance as build_instance,
+)
 from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
-from tests.unit.cache.helpers import HYBRID
-from tests.unit.schedule.harness import PassHarness, RoundRecord, make_request
 
-S, T = 4, 4096
-DOCS = {"a": 1200, "b": 1000}
-BRANCH = 900
-UNRELATED = {"u1": 800, "u2": 700, "u3": 900, "u4": 650, "u5": 520}
-ORDER = ["a0", "a1", "a2", "a3", "u1", "u2", "u3", "u4", "b0", "b1", "b2", "b3", "u5"]
 W, V, D = 12_970, 15, 2
-
-
-@dataclass(frozen=True)
-class Instance:
-    tokens: dict[str, list[int]]  # rid -> prompt
-
-    def requests(self):  # noqa: ANN201
-        return [make_request(rid, self.tokens[rid]) for rid in ORDER]
-
-
-def build_instance() -> Instance:
-    next_id = [100]
-
-    def fresh(n: int) -> list[int]:  # token ids never reused: only the documents are shared
-        out = list(range(next_id[0], next_id[0] + n))
-        next_id[0] += n
-        return out
-
-    tokens: dict[str, list[int]] = {}
-    for group, doc_len in DOCS.items():
-        doc = fresh(doc_len)
-        for i in range(4):
-            tokens[f"{group}{i}"] = doc + fresh(BRANCH)
-    for rid, n in UNRELATED.items():
-        tokens[rid] = fresh(n)
-    return Instance(tokens)
 
 
 def run(arm: str) -> tuple[list[RoundRecord], Instance]:
     instance = build_instance()
     h = PassHarness(HYBRID, arm=arm, token_budget=T, rows=S, kv_size=16384, mamba_cache_size=64, max_context_len=4096)
-    h.submit(*instance.requests())
+    h.submit(*(make_request(rid, p) for rid, p in instance.prompts.items()))
     rounds = h.run_rounds()
     h.assert_idle_invariants()  # leak-free: every slot back in the allocator or the tree
     return rounds, instance
 
 
 def dependency_depth(rounds: list[RoundRecord], instance: Instance) -> int:
-    """Longest chain of fragments, each continuing from a prefix an earlier-round fragment ended at."""
-    depth: dict[tuple[int, str], int] = {}
-    done: list[tuple[int, str, int]] = []  # (round, rid, end) of fragments that ran
-    for r in rounds:
-        for f in r.fragments:
-            prompt = instance.tokens[f.rid]
-            parents = [
-                depth[(rnd, rid)] for rnd, rid, end in done
-                if rnd < r.round_id and end == f.prefix_len and instance.tokens[rid][:end] == prompt[:end]
-            ]
-            assert f.prefix_len == 0 or parents, f"{f.rid} starts at {f.prefix_len}, which no earlier fragment ended at"
-            depth[(r.round_id, f.rid)] = 1 + max(parents, default=0)
-        done.extend((r.round_id, f.rid, f.prefix_len + f.extend_len) for f in r.fragments)
-    return max(depth.values())
+    return _depth(rounds, instance.prompts)
 
 
 def test_instance_matches_the_paper_totals() -> None:
     instance = build_instance()
-    assert len(ORDER) == 13 and set(ORDER) == set(instance.tokens)
+    assert len(ORDER) == 13 and set(ORDER) == set(instance.prompts)
     assert sum(DOCS.values()) + 8 * BRANCH + sum(UNRELATED.values()) == W
     assert round_lower_bound(W, V, D, S=S, T=T) == 4
 
