@@ -18,8 +18,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from sglang_radixflow.bench.demo import run_demo
 
     table = run_demo(args.out, args.models)
-    print(table)
-    print(f"\nserver logs, traces and this table: {args.out}/")
+    print("\n" + table)
+    print(f"\nreport: {args.out}/report.md, figures: {args.out}/fig3_rounds_latency.png, "
+          f"{args.out}/fig4_distributions.png; summary.json, per-arm server logs and traces: {args.out}/<model>/")
     return 0
 
 
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--seed", type=int, default=0)
     mm.set_defaults(func=_cmd_make_model)
 
-    demo = sub.add_parser("demo", help="serve the tiny hybrid and the control with radixflow; show token vs state hits")
+    demo = sub.add_parser(
+        "demo", help="short comparison: sglang / prefix-stop / radixflow on the tiny hybrid and the control")
     demo.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
     demo.add_argument("--models", default="runs/models", help="where tiny models are made/reused (default: runs/models)")
     demo.set_defaults(func=_cmd_demo)

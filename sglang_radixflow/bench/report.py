@@ -227,7 +227,29 @@ def load_arm(out: Path, model: str, arm: str) -> dict[str, Any]:
         rounds = [r for r in records if r.get("kind") == "round" and int(r["round"]) > first]
         reqs = [r for r in records if r.get("kind") == "request" and r.get("rid") in rids]
         trace = trace_metrics(rounds, reqs)
-    return {"run": run, "requests": requests, "prefill": prefill, "trace": trace}
+    questions = read_jsonl(base / f"{arm}.questions.jsonl")  # frontend paths only
+    return {"run": run, "requests": requests, "prefill": prefill, "trace": trace, "questions": questions}
+
+
+def frontend_metrics(questions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-question view of a frontend path (select / fork): program latency, warm-ups, reuse of the choices."""
+    ok = [q for q in questions if not q.get("error")]
+    lat = [float(q["latency_s"]) for q in ok]
+    choice_prompt = sum(sum(q["choice_prompt_tokens"]) for q in ok)
+    choice_cached = sum(sum(q["choice_cached_tokens"]) for q in ok)
+    warm = [q for q in ok if q.get("warmup_prompt_tokens") is not None]
+    return {
+        "path": questions[0]["path"] if questions else None,
+        "questions": len(questions), "errors": len(questions) - len(ok),
+        "choice_requests": sum(len(q["choice_cached_tokens"]) for q in ok),
+        "question_latency_mean_s": mean(lat), "question_latency_p95_s": percentile(lat, 95),
+        "choice_reuse_ratio": _ratio(choice_cached, choice_prompt),
+        "choice_requests_fully_cached_context": sum(  # choices whose cached prefix reached the warm-up's length - 2
+            c >= (q.get("warmup_prompt_tokens") or 0) - 2 for q in warm for c in q["choice_cached_tokens"]),
+        "warmup_requests": sum(int(q.get("warmup_requests") or 0) for q in ok),
+        "warmup_prompt_tokens": sum(int(q["warmup_prompt_tokens"]) for q in warm),
+        "warmup_cached_tokens": sum(int(q["warmup_cached_tokens"]) for q in warm),
+    }
 
 
 def load_run(out: Path) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str, Any]]]:
@@ -260,6 +282,8 @@ def build_summary(out: str | Path,
             model, arm, data["requests"], data["prefill"], data["trace"], S, T,
             base["requests"] if base is not None else None, data["run"],
         )
+        if data["questions"]:
+            arms[f"{model}/{arm}"]["extra"]["frontend"] = frontend_metrics(data["questions"])
     identity: dict[str, Any] = {}
     for model, arm in keys:
         base = loaded.get((model, COST_BASELINE_ARM))
@@ -354,6 +378,22 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
                 f"{_f(e.get('send_spread_ms_mean'), '{:.2f}')} / {_f(e.get('send_spread_ms_max'), '{:.2f}')} | "
                 f"{_f(e.get('loadavg_start'), '{:.1f}')} / {_f(e.get('loadavg_end'), '{:.1f}')} |"
             )
+        lines.append("")
+    fe = {k: a["extra"]["frontend"] for k, a in summary["arms"].items() if a.get("extra", {}).get("frontend")}
+    if fe:
+        lines += [f"## Frontend path (`{w.get('path')}`: one sgl.function program per question via sgl.RuntimeEndpoint)",
+                  "", "Reuse here = Σ cached / Σ prompt tokens of the choice requests (ideal "
+                  f"{_pct(ideal)}; the token workload's own ideal: {_pct(w.get('token_workload_ideal_reuse_ratio'))}). "
+                  "Warm-up = the cache-only request (max_new_tokens=0) that select / fork send with the shared context "
+                  "first.", "",
+                  "| arm | questions | errors | question latency mean s | p95 s | choice reuse | choices reusing the "
+                  "context | warm-ups | warm-up cached / prompt tokens |", "|---|---|---|---|---|---|---|---|---|"]
+        for key, f in fe.items():
+            lines.append(
+                f"| {key} | {f['questions']} | {f['errors']} | {_f(f['question_latency_mean_s'])} | "
+                f"{_f(f['question_latency_p95_s'])} | {_pct(f['choice_reuse_ratio'])} | "
+                f"{f['choice_requests_fully_cached_context']} / {f['choice_requests']} | "
+                f"{f['warmup_requests']} | {f['warmup_cached_tokens']} / {f['warmup_prompt_tokens']} |")
         lines.append("")
     if summary["cost_identity"]:
         lines += ["## Cost identity (trace K and host time, against prefix-stop)", "",

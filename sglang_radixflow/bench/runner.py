@@ -19,6 +19,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from sglang_radixflow.bench import report
 from sglang_radixflow.bench.client import OpenLoopClient, RequestRecord, post_generate
+from sglang_radixflow.bench.frontend import (
+    PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
+)
 from sglang_radixflow.bench.server import SGLangServer, live_servers
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
@@ -55,8 +58,11 @@ class BenchOptions:
     # ones do not, and every arm gets the same setting.
     server_threads: int = 1
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
+    path: str = "raw"  # raw /generate requests, or SGLang's frontend: sgl.select / fork programs (bench/frontend.py)
 
     def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"path={self.path!r}; allowed: {', '.join(PATHS)}")
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown:
             raise ValueError(f"unknown arm(s) {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
@@ -122,8 +128,10 @@ SETTLE_S = 1.0  # SGLang writes a batch's log line after streaming its outputs: 
 
 
 def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request], S: int, T: int, opts: BenchOptions,
-            out_dir: Path, log: Log = _print, traced: bool = True) -> list[RequestRecord]:
-    """One fresh server, warm-up, the workload, stop. Writes <arm>.{server.log,trace.jsonl,requests.jsonl,run.json}."""
+            out_dir: Path, log: Log = _print, traced: bool = True,
+            questions: Optional[Sequence[TextQuestion]] = None) -> list[dict[str, Any]]:
+    """One fresh server, warm-up, the workload, stop. Writes <arm>.{server.log,trace.jsonl,requests.jsonl,run.json}
+    (+ <arm>.questions.jsonl on a frontend path, where `questions` are the programs' inputs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{arm}.server.log"
     trace_path = out_dir / f"{arm}.trace.jsonl" if traced and arm != "sglang" else None
@@ -145,10 +153,18 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
             "loadavg_start": os.getloadavg()[0],  # the machine may be shared: timings are only as clean as this
             **code_version(),  # per arm: the code a server imported at its start
         }
-        log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
-        client = OpenLoopClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
         w0 = time.perf_counter()
-        records = client.run(requests)
+        if questions is None:
+            log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
+            client = OpenLoopClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
+            records = [r.to_dict() for r in client.run(requests)]
+        else:
+            log(f"[{tag}] running {len(questions)} sgl.function programs ({opts.path} path, open loop)")
+            fe = FrontendClient(server.url, opts.path, on_done=_progress(tag, log, len(questions)),
+                                timeout_s=opts.request_timeout_s)
+            qrecs = fe.run(questions)
+            report.write_jsonl(out_dir / f"{arm}.questions.jsonl", (q.to_dict() for q in qrecs))
+            records = [r for q, rec in zip(questions, qrecs) for r in rec.request_records(q)]
         run["wall_s"] = time.perf_counter() - w0
         time.sleep(SETTLE_S)
         run["log_end"] = os.path.getsize(log_path)
@@ -156,10 +172,10 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
         run["server_exit"] = server.proc.poll() if server.proc is not None else None
     finally:
         server.stop()
-    report.write_jsonl(out_dir / f"{arm}.requests.jsonl", (r.to_dict() for r in records))
+    report.write_jsonl(out_dir / f"{arm}.requests.jsonl", records)
     (out_dir / f"{arm}.run.json").write_text(json.dumps(run, indent=2) + "\n")
-    errors = sum(r.error is not None for r in records)
-    lat = [r.latency_s for r in records if r.latency_s is not None]
+    errors = sum(r["error"] is not None for r in records)
+    lat = [r["latency_s"] for r in records if r["latency_s"] is not None]
     log(f"[{tag}] done: {len(records) - errors}/{len(records)} completed, mean latency "
         f"{(sum(lat) / len(lat)) if lat else float('nan'):.3f}s, server stopped")
     return records
@@ -176,14 +192,14 @@ def calibrate(opts: BenchOptions, log: Log = _print) -> dict[str, Any]:
     results = []
     for S, T in opts.calibration_grid:
         sub = cal_dir / f"S{S}-T{T}"
-        records = run_arm(model, model_path, "sglang", requests, S, T, opts, sub, log)
+        records = run_arm(model, model_path, "sglang", requests, S, T, opts, sub, log)  # raw path
         run = json.loads((sub / "sglang.run.json").read_text())
         prefill = report.parse_prefill_lines(report.log_window(sub / "sglang.server.log", run["log_start"],
                                                                run["log_end"]))
-        lat = [r.latency_s for r in records if r.latency_s is not None]
+        lat = [r["latency_s"] for r in records if r["latency_s"] is not None]
         results.append({
             "S": S, "T": T, "latency_mean_s": (sum(lat) / len(lat)) if lat else None,
-            "errors": sum(r.error is not None for r in records), "prefill_rounds": len(prefill),
+            "errors": sum(r["error"] is not None for r in records), "prefill_rounds": len(prefill),
         })
     ok = [r for r in results if r["latency_mean_s"] is not None and r["errors"] == 0]
     if not ok:
@@ -224,9 +240,14 @@ def run_bench(opts: BenchOptions, log: Log = _print) -> dict[str, Any]:
     log(f"workload: {desc['questions']} questions x 4 = {desc['requests']} requests, stream {desc['stream']}, "
         f"order {desc['order']}, {desc['rate']} questions/s, seed {desc['seed']}, {desc['documents']} documents, "
         f"ideal reuse ratio {desc['ideal_reuse_ratio']:.4f}")
+    frontend: dict[str, Any] = {"path": opts.path}
+    if opts.path != "raw":
+        frontend.update(frontend_workload(workload, ensure_model(opts.models[0], opts.models_root)))
+        log(f"frontend path {opts.path}: {frontend['text_mapping']}; ideal reuse of the choice requests "
+            f"{frontend['ideal_reuse_ratio']:.4f}")
     (out / "workload.json").write_text(json.dumps({
-        **desc, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens, "quick": opts.quick,
-        "server_threads": opts.server_threads, **code_version(),
+        **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
+        "quick": opts.quick, "server_threads": opts.server_threads, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
 
@@ -244,13 +265,28 @@ def run_bench(opts: BenchOptions, log: Log = _print) -> dict[str, Any]:
     t0 = time.perf_counter()
     for model in opts.models:
         model_path = ensure_model(model, opts.models_root)
+        questions = text_questions(workload, word_lexicon(model_path)) if opts.path != "raw" else None
         for arm in opts.arms:
-            run_arm(model, model_path, arm, requests, S, T, opts, out / model, log)
+            run_arm(model, model_path, arm, requests, S, T, opts, out / model, log, questions=questions)
     leftover = live_servers()
     assert not leftover, f"servers left running: {leftover}"
     summary = report.write_report(out)
     log(f"all arms done in {time.perf_counter() - t0:.0f}s; wrote {out}/summary.json and {out}/report.md")
     return summary
+
+
+def frontend_workload(workload: Any, model_path: Path) -> dict[str, Any]:
+    """workload.json entries of a frontend path: what is measured are the choice requests, so the ideal reuse is
+    theirs (the token workload's own ideal is kept under another name)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    questions = text_questions(workload, word_lexicon(model_path))
+    return {
+        "token_workload_ideal_reuse_ratio": workload.ideal_reuse_ratio(),
+        "ideal_reuse_ratio": frontend_ideal_reuse(questions, lambda t: tok(t)["input_ids"]),
+        "text_mapping": "each token id -> one whole-word token of the model's tokenizer (bench/frontend.py)",
+    }
 
 
 def options_from_args(args: Any) -> BenchOptions:
@@ -271,7 +307,7 @@ def options_from_args(args: Any) -> BenchOptions:
         out=Path(args.out), workload=params, models=split(args.models), arms=split(args.arms), budgets=budgets,
         calibration_questions=args.calibration_questions, calibration_grid=parse_grid(args.calibration_grid),
         kv_tokens=args.kv_tokens,
-        models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads,
+        models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
     )
 
 
@@ -306,6 +342,9 @@ def add_arguments(parser: Any) -> None:
                         help="S x T points tried on the sglang arm when --budgets is not given")
     parser.add_argument("--kv-tokens", type=int, default=32768, help="--max-total-tokens of every server")
     parser.add_argument("--models-root", default="runs/models", help="where tiny models are made/reused")
+    parser.add_argument("--path", choices=PATHS, default="raw",
+                        help="raw: /generate per branch; select / fork: one sgl.function program per question "
+                             "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint")
     parser.add_argument("--server-threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")
 
