@@ -33,6 +33,8 @@ class RadixFlowConfig:
     producer_slot_wait: bool = False  # hybrid no_buffer: a would-be producer waits for SGLang's one chunk slot
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
+    rr_block_tokens: int = 16  # RR-Evict tail unit on full-attention paths (--radix-eviction-policy rr)
+    rr_order: str = "share"  # RR-Evict: next idle trajectory = largest retained share | plain cursor (ablation)
 
 
 ARMS: dict[str, RadixFlowConfig] = {
@@ -93,6 +95,8 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "PRODUCER_SLOT_WAIT": ("producer_slot_wait", _bool),
     "TRACE": ("trace_path", _path),
     "CPU_RUNTIME": ("cpu_runtime", _choice(("auto", "off"))),
+    "RR_BLOCK": ("rr_block_tokens", _number(int, 1)),
+    "RR_ORDER": ("rr_order", _choice(("share", "cursor"))),
 }
 KNOWN_VARIABLES: tuple[str, ...] = (PREFIX + "ARM", *(PREFIX + k for k in _FIELDS))
 

@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sglang_radixflow")
 
 BACKEND_NAME = "radixflow"
+RR_POLICY = "rr"  # == sglang_radixflow.evict.strategy.POLICY_NAME (asserted in tests)
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
 
 
 class _PluginState:
     hooks_registered = False
+    policy_check_registered = False
     setup_error: Optional[BaseException] = None
 
 
@@ -32,6 +34,7 @@ def register() -> None:
 
     try:
         _register_hooks()
+        register_eviction_policy()
     except Exception as exc:  # keep the cause for the factory; SGLang would only log it
         _PluginState.setup_error = exc
         logger.exception("sglang-radixflow: plugin set-up failed; the radixflow backend will refuse to start")
@@ -54,11 +57,64 @@ def create_radixflow_cache(ctx: "TreeCacheBuildContext") -> "BasePrefixCache":
     from sglang_radixflow.config import load_config
 
     config = load_config()  # ConfigError names the variable and the allowed values
-    cache = create_unified_radix_cache(ctx, cache_class=RadixFlowCache)
+    cache_class = RadixFlowCache
+    if str(ctx.params.eviction_policy).lower() == RR_POLICY:
+        from sglang_radixflow.evict.round_robin import RadixFlowRRCache
+
+        cache_class = RadixFlowRRCache
+    cache = create_unified_radix_cache(ctx, cache_class=cache_class)
     assert isinstance(cache, RadixFlowCache)
     cache.configure(config, tp_rank=ctx.tp_rank)
     logger.info("sglang-radixflow: cache ready (arm=%s, hybrid_ssm=%s)", config.arm, ctx.is_hybrid_ssm)
     return cache
+
+
+def register_eviction_policy() -> None:
+    """`--radix-eviction-policy rr` (idempotent): the CLI choice (SGLang's public add_radix_eviction_policy_choices,
+    read when the parser is built, after plugins load), the strategy name the tree core resolves (SGLang's private
+    factory table; asserted), and a start-up check that `rr` comes with the radixflow backend."""
+    from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES, add_radix_eviction_policy_choices
+    from sglang.srt.mem_cache import utils as mem_utils
+
+    from sglang_radixflow.evict.strategy import RoundRobinStrategy
+
+    if RR_POLICY not in RADIX_EVICTION_POLICY_CHOICES:
+        add_radix_eviction_policy_choices([RR_POLICY])
+    table = getattr(mem_utils, "_EVICTION_POLICY_FACTORIES", None)
+    assert isinstance(table, dict) and "lru" in table, "SGLang moved its eviction-policy table"
+    assert table.get(RR_POLICY, RoundRobinStrategy) is RoundRobinStrategy, f"another plugin owns policy {RR_POLICY!r}"
+    table[RR_POLICY] = RoundRobinStrategy
+    if not _PluginState.policy_check_registered:
+        from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+        register_resolution_hook("handle_cache_compatibility")(_check_rr_backend)
+        _PluginState.policy_check_registered = True
+
+
+def _check_rr_backend(server_args: Any, previous: Any) -> None:
+    previous(server_args)
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    cfg = resolving_view(server_args)
+    if str(cfg.radix_eviction_policy).lower() != RR_POLICY:
+        return
+    if cfg.radix_cache_backend != BACKEND_NAME:
+        raise ValueError(
+            f"--radix-eviction-policy {RR_POLICY} (RR-Evict) requires --radix-cache-backend {BACKEND_NAME}, "
+            f"got --radix-cache-backend={cfg.radix_cache_backend!r}; with another backend use one of: "
+            + ", ".join(p for p in _sglang_policies() if p != RR_POLICY)
+        )
+    if cfg.enable_hierarchical_cache or cfg.enable_session_radix_cache:
+        raise ValueError(
+            f"--radix-eviction-policy {RR_POLICY} does not support --enable-hierarchical-cache or "
+            "--enable-session-radix-cache; drop those flags or choose another policy"
+        )
+
+
+def _sglang_policies() -> list[str]:
+    from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+
+    return list(RADIX_EVICTION_POLICY_CHOICES)
 
 
 def _register_hooks() -> None:

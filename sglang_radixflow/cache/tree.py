@@ -33,6 +33,8 @@ def prepare_params(params: CacheInitParams) -> CacheInitParams:
     override: dict[Any, Any] = dict(params.component_registry_override or {})
     for ct, cls in ((ComponentType.FULL, RadixFlowFullComponent), (ComponentType.MAMBA, RadixFlowMambaComponent)):
         existing = override.get(ct)
+        if existing is not None and issubclass(existing, cls):
+            continue  # a radixflow refinement (e.g. RR-Evict's components) is already installed
         assert existing is None or issubclass(cls, existing), (
             f"another {ct} component ({existing}) is already installed; radixflow cannot combine with it"
         )

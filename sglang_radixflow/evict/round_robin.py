@@ -1,0 +1,398 @@
+"""RR-Evict: round-robin tail eviction over idle trajectories (`--radix-eviction-policy rr`).
+
+Node-level LRU turns into agent-level eviction on agent workloads (every turn refreshes the agent's whole path, so the
+longest-idle agent loses its entire history). RR-Evict instead rotates the reclaim demand over idle trajectories and
+cuts one *tail unit* from one trajectory at a time, so every idle trajectory keeps a contiguous reusable prefix.
+
+Idle trajectory: a trajectory with a leaf in SGLang's `evictable_device_leaves` (unlocked; a running or waiting
+request's path-lock keeps its whole path out of that set, so locked paths are never touched).
+
+Tail unit:
+- full attention: the last `block` tokens of the leaf (the leaf is split; the cut tail keeps the node id, as
+  SGLang's walk contract wants a leaf id back); a leaf no longer than `block` goes whole;
+- hybrid (FULL + MAMBA): a state lives only on the node it was inserted at, and KV past the deepest state is
+  useless for a state-ready hit (h). So the unit is the leaf plus every ancestor that becomes a leaf without a
+  published state: the segment back to the nearest ancestor that holds one. A walk that SGLang stops in the middle
+  of a unit (allocation target reached) is finished by RadixFlowRRCache right after the walk, so no eviction call
+  leaves a path whose end has no usable state.
+
+Trajectory identity (FULL `metadata[TRAJ]` of a node; only leaves are read at eviction time):
+- `session:<id>` when the request carries SGLang's `session_id` (it reaches the insert as InsertParams.session_id),
+  else `routing:<key>` when it carries a `routing_key`;
+- otherwise the leaf path: a new end continues the trajectory of the nearest tagged ancestor when the path down from
+  that ancestor is a single chain (the ancestor was this path's end, e.g. the previous turn); anything else starts a
+  new trajectory `path:<n>`. A leaf that a cut exposes joins the cut trajectory unless it already has a tag.
+Splits keep the tail node (and its tag) in place; the new prefix node is untagged until a cut exposes it. SGLang
+0.5.23's tree never merges nodes, so the rotation only has to survive splits and exposures.
+
+Rotation: trajectory keys in an insertion-ordered dict; the trajectory that loses a unit moves to the back; a new
+trajectory joins at the back. Which idle trajectory is next (`order`):
+- `share` (default): the one retaining the largest fraction of its longest length (its peak depth), the rotation
+  breaking ties. This is the paper's ideal round robin, every idle trajectory holding the same fraction
+  h = (m - n_a)/(n*s): a plain cursor cuts every idle trajectory at the same *rate*, so what an agent keeps falls
+  with how long it has been idle, and the agent that comes back (the longest idle) holds much less than h (about
+  2h - 1 under a cyclic schedule; tests/unit/cache/test_rr_evict.py measures both);
+- `cursor`: the plain rotation, the front idle trajectory next (kept for the ablation).
+Keys are assigned in insert order and ties are broken by rotation position and SGLang's node ids (a per-process
+counter that advances identically on every TP rank), never by set or id() order: every rank decides the same.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+from sglang_radixflow.cache.components import RadixFlowFullComponent, RadixFlowMambaComponent
+from sglang_radixflow.cache.tree import RadixFlowCache
+from sglang_radixflow.evict.strategy import POLICY_NAME
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore, UnifiedTreeNode
+
+    from sglang_radixflow.config import RadixFlowConfig
+
+TRAJ = "radixflow_traj"
+FULL = ComponentType.FULL
+MAMBA = ComponentType.MAMBA
+_PRUNE_MIN = 256  # rotation entries before dead trajectories are first swept
+ORDERS = ("share", "cursor")
+
+
+def traj_of(node: "UnifiedTreeNode") -> Optional[str]:
+    return node.component_data[FULL].metadata.get(TRAJ)
+
+
+def depth_of(node: "UnifiedTreeNode") -> int:
+    """Tokens from the root to the end of `node`."""
+    depth = 0
+    while node is not None and node.key is not None and node.parent is not None:
+        depth += len(node.key)
+        node = node.parent
+    return depth
+
+
+class RoundRobinEvictor:
+    """Rotation, trajectory tags and the unit in progress; one per cache, shared by the FULL and MAMBA walks."""
+
+    def __init__(self, block_tokens: int, page_size: int, order: str = "share") -> None:
+        self.page_size = page_size
+        self.block = self.check_block(block_tokens, page_size)
+        self.order = self.check_order(order)
+        self.rotation: "OrderedDict[str, None]" = OrderedDict()
+        self.peak: dict[str, int] = {}  # longest path length (tokens) each trajectory reached
+        self._paths = 0
+        self._prune_at = _PRUNE_MIN
+        # (trajectory, last victim) of a hybrid unit a walk was stopped in; finished right after that walk
+        self.pending: Optional[tuple[str, "UnifiedTreeNode"]] = None
+        self.finish_only = False
+        self.units = 0  # completed-or-started units, for tests and logs
+        self.victims = 0
+
+    @staticmethod
+    def check_block(block_tokens: int, page_size: int) -> int:
+        if block_tokens <= 0 or block_tokens % page_size:
+            raise ValueError(
+                f"RADIXFLOW_RR_BLOCK={block_tokens} is invalid; allowed: a positive multiple of the page size ({page_size})"
+            )
+        return block_tokens
+
+    @staticmethod
+    def check_order(order: str) -> str:
+        if order not in ORDERS:
+            raise ValueError(f"RADIXFLOW_RR_ORDER={order!r} is invalid; allowed: {', '.join(ORDERS)}")
+        return order
+
+    # ---- identity ----
+    def tag(self, node: "UnifiedTreeNode", key: str) -> None:
+        node.component_data[FULL].metadata[TRAJ] = key
+        if key not in self.rotation:
+            self.rotation[key] = None  # a new trajectory joins at the back
+        self.peak[key] = max(self.peak.get(key, 0), depth_of(node))
+
+    def new_path_key(self) -> str:
+        self._paths += 1
+        return f"path:{self._paths}"
+
+    def on_insert(self, node: "UnifiedTreeNode", root: "UnifiedTreeNode", session_id: Optional[str]) -> None:
+        """An insert ended at `node` (FULL commit hook)."""
+        if node is root:
+            return
+        if session_id:
+            self.tag(node, f"session:{session_id}")
+            return
+        if traj_of(node) is not None:
+            return
+        cur = node.parent
+        while cur is not None and cur is not root and len(cur.children) == 1:
+            key = traj_of(cur)
+            if key is not None:  # this path's previous end: same trajectory
+                self.tag(node, key)
+                return
+            cur = cur.parent
+        self.tag(node, self.new_path_key())
+
+    def on_request(self, node: "UnifiedTreeNode", req: Any) -> None:
+        """A request's checkpoint moved its path end to `node`: a session / routing key names the trajectory."""
+        session = getattr(req, "session_id", None)
+        routing = getattr(req, "routing_key", None)
+        if session:
+            self.tag(node, f"session:{session}")
+        elif routing:
+            self.tag(node, f"routing:{routing}")
+
+    def maybe_prune(self, core: "UnifiedTreeCore") -> None:
+        """Forget trajectories none of whose nodes is left (amortised: only when the rotation has doubled)."""
+        if len(self.rotation) < self._prune_at:
+            return
+        arena = core._node_arena
+        assert isinstance(arena, dict), "SGLang changed UnifiedTreeCore._node_arena"
+        alive = {traj_of(n) for n in arena.values()}
+        for key in [k for k in self.rotation if k not in alive]:
+            del self.rotation[key]
+            self.peak.pop(key, None)
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self.rotation))
+
+
+class RoundRobinWalk:
+    """One component eviction walk (SGLang's evict_device_start .. evict_device_end bracket).
+
+    `next()` returns the next leaf for SGLang to delete (tree_core.evict_device_leaf asserts it is a D-leaf) or
+    None. SGLang deletes each returned leaf before asking again, so the previous victim's parent is inspected then.
+    """
+
+    def __init__(
+        self, ev: RoundRobinEvictor, core: "UnifiedTreeCore", component_type: ComponentType, request_cnt: int,
+        state_ok: Optional[Callable[["UnifiedTreeNode"], bool]],
+    ) -> None:
+        assert isinstance(core.evictable_device_leaves, set), "SGLang changed the evictable leaf set"
+        self.ev, self.core, self.ct, self.request_cnt, self.state_ok = ev, core, component_type, request_cnt, state_ok
+        ev.maybe_prune(core)
+        self.leaves: dict[str, list["UnifiedTreeNode"]] = {}
+        for node in sorted(core.evictable_device_leaves, key=lambda n: n.id):  # id order: same on every rank
+            key = traj_of(node)
+            if key is None:
+                key = ev.new_path_key()
+                ev.tag(node, key)
+            self.leaves.setdefault(key, []).append(node)
+        self.last: Optional["UnifiedTreeNode"] = None
+        self.unit_key: Optional[str] = None
+        if ev.pending is not None:
+            self.unit_key, self.last = ev.pending
+            ev.pending = None
+
+    def next(self, tracker: dict, cache_actions: list) -> Optional["UnifiedTreeNode"]:
+        last, self.last = self.last, None
+        if last is not None:
+            exposed = self._exposed_parent(last)
+            if exposed is not None and self.state_ok is not None and not self.state_ok(exposed):
+                return self._emit(exposed)  # the hybrid unit goes on back to the nearest published state
+        if self.ev.finish_only or tracker[self.ct] >= self.request_cnt:
+            return None
+        picked = self._pick()
+        if picked is None:
+            return None
+        key, leaf = picked
+        self.ev.rotation.move_to_end(key)
+        self.unit_key = key
+        self.ev.units += 1
+        if self.state_ok is None and len(leaf.key) > self.ev.block:
+            leaf = self._split_tail(leaf, key, cache_actions)
+        return self._emit(leaf)
+
+    def close(self) -> None:
+        """End of the walk: a hybrid unit whose last victim exposed a stateless leaf is left to finish."""
+        if self.last is not None and self.state_ok is not None:
+            exposed = self._exposed_parent(self.last)
+            if exposed is not None and not self.state_ok(exposed):
+                self.ev.pending = (self.unit_key or traj_of(exposed) or "", self.last)
+        self.last = None
+
+    # ---- helpers ----
+    def _emit(self, node: "UnifiedTreeNode") -> "UnifiedTreeNode":
+        assert node in self.core.evictable_device_leaves, f"RR-Evict picked node {node.id}, not an idle leaf"
+        self.last = node
+        self.ev.victims += 1
+        return node
+
+    def _exposed_parent(self, victim: "UnifiedTreeNode") -> Optional["UnifiedTreeNode"]:
+        """The victim's parent if deleting the victim made it an idle leaf (it then joins the cut trajectory)."""
+        parent = victim.parent
+        if parent is None or parent not in self.core.evictable_device_leaves:
+            return None
+        key = traj_of(parent)
+        if key is None:
+            key = self.unit_key or self.ev.new_path_key()
+            self.ev.tag(parent, key)
+        self.leaves.setdefault(key, []).append(parent)
+        return parent
+
+    def _pick(self) -> Optional[tuple[str, "UnifiedTreeNode"]]:
+        idle = self.core.evictable_device_leaves
+        best: Optional[tuple[float, str, "UnifiedTreeNode"]] = None
+        for key in self.ev.rotation:  # front first: the rotation breaks ties
+            cands = self.leaves.get(key)
+            if not cands:
+                continue
+            cands[:] = [n for n in dict.fromkeys(cands) if n in idle]
+            if not cands:
+                continue
+            # several idle ends of one trajectory (a retried turn): the deepest, then the least recently used
+            leaf = min(cands, key=lambda n: (-depth_of(n), n.last_access_time, n.id))
+            if self.ev.order == "cursor":
+                best = (0.0, key, leaf)
+                break
+            share = depth_of(leaf) / max(1, self.ev.peak.get(key, 0))
+            if best is None or share > best[0]:
+                best = (share, key, leaf)
+        if best is None:
+            return None
+        _, key, leaf = best
+        self.leaves[key].remove(leaf)
+        return key, leaf
+
+    def _split_tail(self, leaf: "UnifiedTreeNode", key: str, cache_actions: list) -> "UnifiedTreeNode":
+        """Cut the last `block` tokens off `leaf` as their own node; the tail keeps the leaf's id and is returned."""
+        split_len = len(leaf.key) - self.ev.block
+        assert split_len > 0 and split_len % self.ev.page_size == 0, (split_len, self.ev.page_size)
+        prefix, action = self.core._split_node(leaf.key, leaf, split_len)
+        assert prefix.parent is not None and leaf.parent is prefix, "SGLang changed _split_node"
+        if action is not None:
+            cache_actions.append(action)
+        self.ev.tag(prefix, key)
+        return leaf
+
+
+def _evictor(component: Any) -> RoundRobinEvictor:
+    ev = getattr(component.cache, "rf_rr", None)
+    assert isinstance(ev, RoundRobinEvictor), "RR components must belong to a RadixFlowRRCache"
+    return ev
+
+
+def _state_validator(component: Any) -> Optional[Callable[["UnifiedTreeNode"], bool]]:
+    """Hybrid trees: 'has a usable state' is the MAMBA validator radixflow matches with (present and published)."""
+    mamba = component.cache.components.get(MAMBA)
+    return None if mamba is None else mamba.create_match_validator(match_device_only=True)
+
+
+class RoundRobinFullComponent(RadixFlowFullComponent):
+    """FULL KV under RR-Evict: tags trajectory ends on insert; the device walk is the rotation."""
+
+    def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:  # noqa: ANN001
+        super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+        _evictor(self).on_insert(node, self.tree_core.root_node, getattr(params, "session_id", None))
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self._rr_walk = RoundRobinWalk(_evictor(self), self.tree_core, self.component_type, request_cnt,
+                                       _state_validator(self))
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):  # noqa: ANN001
+        node = self._rr_walk.next(tracker, cache_actions)
+        return None if node is None else node.id
+
+    def _evict_device_end(self) -> None:
+        self._rr_walk.close()
+        self._rr_walk = None
+
+
+class RoundRobinMambaComponent(RadixFlowMambaComponent):
+    """MAMBA slots under RR-Evict: the same rotation (a unit frees its leaf's state). Only when no idle trajectory
+    is left does SGLang's own walk run (it tombstones unlocked interior states, never a locked path's KV), so an
+    allocation RR cannot serve does not fail where `lru` would have succeeded."""
+
+    def _evict_device_start(self, request_cnt: int) -> None:
+        self._rr_walk = RoundRobinWalk(_evictor(self), self.tree_core, self.component_type, request_cnt,
+                                       _state_validator(self))
+        self._rr_request_cnt = request_cnt
+        self._rr_native = False
+
+    def _evict_device_next_node(self, tracker, device_frees, host_frees, cache_actions):  # noqa: ANN001
+        if not self._rr_native:
+            node = self._rr_walk.next(tracker, cache_actions)
+            if node is not None:
+                return node.id
+            if _evictor(self).finish_only:
+                return None
+            super()._evict_device_start(self._rr_request_cnt)
+            self._rr_native = True
+        return super()._evict_device_next_node(tracker, device_frees, host_frees, cache_actions)
+
+    def _evict_device_end(self) -> None:
+        self._rr_walk.close()
+        self._rr_walk = None
+        if self._rr_native:
+            super()._evict_device_end()
+
+
+RR_COMPONENTS = {FULL: RoundRobinFullComponent, MAMBA: RoundRobinMambaComponent}
+
+
+class RadixFlowRRCache(RadixFlowCache):
+    """RadixFlowCache whose eviction is RR-Evict. Built by the plugin factory when `--radix-eviction-policy rr`."""
+
+    def __init__(self, params: "CacheInitParams") -> None:
+        policy = str(params.eviction_policy).lower()
+        if policy != POLICY_NAME:
+            raise ValueError(f"RadixFlowRRCache needs --radix-eviction-policy {POLICY_NAME}, got {policy!r}")
+        if getattr(params, "enable_session_radix_cache", False):
+            raise ValueError("--radix-eviction-policy rr does not support --enable-session-radix-cache; drop one")
+        from sglang_radixflow.config import RadixFlowConfig
+
+        defaults = RadixFlowConfig()
+        self.rf_rr = RoundRobinEvictor(defaults.rr_block_tokens, int(params.page_size), defaults.rr_order)
+        override = dict(params.component_registry_override or {})
+        for ct, cls in RR_COMPONENTS.items():
+            existing = override.get(ct)
+            assert existing is None or issubclass(cls, existing), f"another {ct} component ({existing}) is installed"
+            override[ct] = cls
+        params.component_registry_override = override
+        super().__init__(params)
+        if getattr(self, "cache_controller", None) is not None:
+            raise ValueError("--radix-eviction-policy rr does not support the hierarchical cache (HiCache); drop one")
+        for ct, cls in RR_COMPONENTS.items():
+            if ct in self.components:
+                assert isinstance(self.components[ct], cls), f"{ct} component is {type(self.components[ct])}"
+
+    def configure(self, config: "RadixFlowConfig", tp_rank: int = 0) -> None:
+        super().configure(config, tp_rank)
+        self.rf_rr.block = RoundRobinEvictor.check_block(config.rr_block_tokens, self.rf_rr.page_size)
+        self.rf_rr.order = RoundRobinEvictor.check_order(config.rr_order)
+
+    def checkpoint_into_tree(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
+        node_id = getattr(req, "last_node", None)
+        if node_id is not None:
+            node = node_id if hasattr(node_id, "component_data") else self.tree_core.node_by_id(node_id)
+            if node is not None and node is not self.tree_core.root_node:
+                self.rf_rr.on_request(node, req)
+
+    def _evict_components(self, request_by_type: dict, tracker: dict, available_size_targets: Any = None,
+                          **kwargs: Any) -> None:
+        super()._evict_components(request_by_type, tracker, available_size_targets, **kwargs)
+        if self.rf_rr.pending is not None:
+            self._finish_unit(tracker)
+
+    def _finish_unit(self, tracker: dict) -> None:
+        """A walk stopped mid-unit (SGLang's target was reached): cut the exposed stateless ends too, through
+        SGLang's own walk protocol (start / next / leaf / end), so frees and counters stay SGLang's."""
+        self.rf_rr.finish_only = True
+        try:
+            self.tree_core.evict_device_start(FULL, 0)
+            try:
+                while True:
+                    node_id, _ = self._evict_device_next_node(FULL, tracker)
+                    if node_id is None:
+                        break
+                    backup = self._evict_device_leaf(node_id, tracker)
+                    assert backup is None, "RR-Evict runs without HiCache write-back"
+            finally:
+                self.tree_core.evict_device_end(FULL)
+        finally:
+            self.rf_rr.finish_only = False
+
+
+def evict_tokens(cache: RadixFlowCache, num_tokens: int) -> int:
+    """Convenience for tools and tests: reclaim `num_tokens` KV tokens through SGLang's public evict()."""
+    return int(cache.evict(EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
