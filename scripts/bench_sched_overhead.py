@@ -52,7 +52,6 @@ from sglang.srt.managers import scheduler as scheduler_module  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 
 from sglang_radixflow.schedule.binding import run_prefill_pass  # noqa: E402
-from sglang_radixflow.schedule.producers import SiblingIndex  # noqa: E402
 from tests.unit.cache.helpers import FULL, HYBRID  # noqa: E402
 from tests.unit.schedule.harness import PassHarness, make_request  # noqa: E402
 
@@ -89,8 +88,8 @@ def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
     h.submit(*queue)
     for req in queue:  # arrived a while ago: a flex gate releases on its deadline
         req.time_stats.wait_queue_entry_time -= 1.0
-    if steady:
-        SiblingIndex(queue)  # what an earlier pass that planned a producer left cached on these requests
+    if variant != "native" and steady:
+        h.cache.rf_sched.index_waiting(queue)  # what an earlier pass that planned a producer left indexed
     return h
 
 

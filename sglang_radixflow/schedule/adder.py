@@ -49,8 +49,11 @@ class RadixFlowPrefillAdder(PrefillAdder):
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
 
-        plan = sched.plan(req, self.can_run_list)
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
+        # no_buffer hybrids publish a state at b only by cutting the producer's chunk there, which needs SGLang's
+        # single chunk slot: with the slot taken no promise can be made, so planning would be wasted work.
+        slot_needed = sched.mode is PublishMode.CHUNK_END and not sched.config.producer_slot_wait
+        plan = None if slot_needed and not self._rf_may_chunk else sched.plan(req, self.can_run_list)
         if self._producer_slot_busy(req, plan, sched):
             # RADIXFLOW_PRODUCER_SLOT_WAIT: its state at b can only be published by cutting its chunk there, and
             # SGLang tracks one chunked request at a time: wait for the slot instead of letting every sibling

@@ -49,20 +49,24 @@ class AdmissionGate:
                now: Optional[float] = None) -> HoldDecision:
         if self.mode == "native" or not waiting or self.hold_s <= 0:
             return HoldDecision(False, "native")
+        # Cheapest tests first: on a loaded server (long queue, busy worker) this runs every step, so it must not
+        # cost O(queue). In flex mode the O(n) tests below only run while n < row_budget.
+        if self.mode == "flex":
+            if worker_busy:
+                return self._release("worker busy")
+            if len(waiting) >= row_budget:
+                return self._release("rows full")
         now = time.perf_counter() if now is None else now
-        if now - min(_arrival(r) for r in waiting) >= self.hold_s:
+        if now - min(map(_arrival, waiting)) >= self.hold_s:
             return self._release("deadline")
         if self.mode == "timer":
             return self._hold()
-        if worker_busy:
-            return self._release("worker busy")
-        if len(waiting) >= row_budget:
-            return self._release("rows full")
-        if token_budget is not None and self._remaining_demand(waiting) >= token_budget:
+        if token_budget is not None and self._demand_fills(waiting, token_budget):
             return self._release("tokens full")
         return self._hold()
 
-    def _remaining_demand(self, waiting: list[Any]) -> int:
+    def _demand_fills(self, waiting: list[Any], token_budget: int) -> bool:
+        """Whether the held requests' remaining demand (prompt minus state-ready hit) reaches the token budget."""
         total = 0
         for req in waiting:
             rid = str(req.rid)
@@ -70,7 +74,9 @@ class AdmissionGate:
                 tokens = request_tokens(req)
                 self._demand[rid] = len(tokens) - self._state_ready_len(namespace_of(req), tokens)
             total += self._demand[rid]
-        return total
+            if total >= token_budget:
+                return True
+        return False
 
     def _hold(self) -> HoldDecision:
         self.holds += 1

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
-from sglang_radixflow.cache.promises import as_tokens, best_boundary, longest_common_prefix
+from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with
 
 INDEX_PREFIX = 8  # siblings are found by their first tokens; shorter shared prefixes are not worth a promise
 
@@ -68,22 +68,43 @@ def key_limit(req: Any, tokens: Sequence[int]) -> int:
 
 
 class SiblingIndex:
-    """Waiting requests grouped by (namespace, first INDEX_PREFIX tokens); built once per scheduling pass."""
+    """Waiting requests grouped by (namespace, first INDEX_PREFIX tokens).
 
-    def __init__(self, waiting: Iterable[Any]) -> None:
-        # O(len(waiting)) per pass (the traversal's only per-queue cost): keep the body to a cached-key read.
-        groups: defaultdict[tuple, list[Any]] = defaultdict(list)
-        for req in waiting:
-            key = sibling_key(req)
+    Kept across passes and brought up to date by identity (`refresh`): the diff of two id sets runs in C, so only
+    requests that arrived or left since the last pass cost Python work, instead of the whole queue every pass.
+    Holding the members alive keeps their ids from being reused by new objects while they are indexed."""
+
+    def __init__(self, waiting: Iterable[Any] = ()) -> None:
+        self._members: dict[int, Any] = {}
+        self._ids: set[int] = set()
+        self._key_of: dict[int, Optional[tuple]] = {}
+        self._groups: dict[tuple, dict[int, Any]] = {}
+        self.refresh(list(waiting))
+
+    def refresh(self, waiting: Sequence[Any]) -> None:
+        ids = set(map(id, waiting))
+        if ids == self._ids:
+            return
+        now = dict(zip(map(id, waiting), waiting))
+        old = self._members
+        for rid in old.keys() - now.keys():
+            key = self._key_of.pop(rid)
             if key is not None:
-                groups[key].append(req)
-        self._groups: dict[tuple, list[Any]] = groups
+                group = self._groups[key]
+                del group[rid]
+                if not group:
+                    del self._groups[key]
+        for rid in now.keys() - old.keys():
+            key = self._key_of[rid] = sibling_key(now[rid])
+            if key is not None:
+                self._groups.setdefault(key, {})[rid] = now[rid]
+        self._members, self._ids = now, ids
 
     def siblings(self, req: Any, tokens: Sequence[int]) -> list[Any]:
         key = sibling_key(req)
         if key is None:
             return []
-        return [s for s in self._groups.get(key, ()) if s is not req]
+        return [s for s in self._groups.get(key, {}).values() if s is not req]
 
 
 def plan_producer(
@@ -92,12 +113,13 @@ def plan_producer(
 ) -> Optional[ProducerPlan]:
     """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise."""
     state_hit = int(req.prefix_len)
+    head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
     lcps = []
     for sib in siblings:
         if id(sib) in excluded:
             continue
         sib_tokens = request_tokens(sib)
-        lcps.append(min(longest_common_prefix(tokens, sib_tokens), key_limit(sib, sib_tokens), len(tokens)))
+        lcps.append(min(common_prefix_with(head, sib_tokens), key_limit(sib, sib_tokens), len(tokens)))
     boundary = best_boundary(lcps, floor=state_hit + min_gain - 1)
     if mode is PublishMode.TRACK and boundary:
         boundary = state_hit + (boundary - state_hit) // cache_chunk * cache_chunk

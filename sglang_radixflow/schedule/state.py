@@ -69,7 +69,8 @@ class SchedulingState:
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.current: Optional[PassStats] = None
-        self._index: Optional[SiblingIndex] = None
+        self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
+        self._index_fresh = False
         self._waiting: list[Any] = []
         # Open promises by sibling key (rebuilt when the table changes): a request is checked only against the
         # promises on its own first tokens, not the whole table, and most requests a pass examines have none.
@@ -90,11 +91,15 @@ class SchedulingState:
             round_id=round_id, waiting=len(waiting), promises_before=(c.registered, c.published, c.cancelled)
         )
         self._waiting = waiting
-        self._index = None
+        self._index_fresh = False
+
+    def index_waiting(self, waiting: list[Any]) -> None:
+        """Bring the sibling index up to `waiting` now (normally done lazily by the first plan of a pass)."""
+        self._index.refresh(waiting)
 
     def end_pass(self) -> Optional[PassStats]:
         stats, self.current = self.current, None
-        self._index, self._waiting = None, []
+        self._waiting = []
         return stats
 
     @property
@@ -161,8 +166,9 @@ class SchedulingState:
     def plan(self, req: Any, admitted: list[Any]) -> Optional[ProducerPlan]:
         if not self.active:
             return None
-        if self._index is None:
-            self._index = SiblingIndex(self._waiting)
+        if not self._index_fresh:  # lazily: passes that plan nothing never touch the index
+            self._index.refresh(self._waiting)
+            self._index_fresh = True
         tokens = request_tokens(req)
         excluded = {id(r) for r in admitted}
         plan = plan_producer(

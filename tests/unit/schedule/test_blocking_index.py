@@ -110,3 +110,20 @@ def test_longest_common_prefix_matches_a_naive_scan() -> None:
         expected = naive(a, b)
         assert longest_common_prefix(a, b) == expected
         assert longest_common_prefix(array("q", b), array("q", a)) == expected
+
+
+def test_persistent_index_follows_the_queue_across_passes() -> None:
+    """The index is refreshed by identity diff: arrivals join their group, departures leave it, and after any
+    sequence of queue changes it answers like an index built from scratch."""
+    rng = random.Random(3)
+    docs = [list(range(1000 * k, 1000 * k + 50)) for k in range(1, 5)]
+    pool = [make_request(f"r{i}", rng.choice(docs) + [i], cache_salt=rng.choice([None, "t"])) for i in range(40)]
+    index = SiblingIndex()
+    for _ in range(30):
+        waiting = rng.sample(pool, rng.randint(0, len(pool)))
+        index.refresh(waiting)
+        fresh = SiblingIndex(waiting)
+        for req in pool:
+            got = index.siblings(req, request_tokens(req))
+            assert sorted(r.rid for r in got) == sorted(r.rid for r in fresh.siblings(req, request_tokens(req)))
+            assert all(r in waiting for r in got)  # nobody who left the queue is still offered as a sibling
