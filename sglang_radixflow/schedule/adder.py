@@ -13,7 +13,7 @@ from typing import Any, Optional
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _PrefillAdmission
 
 from sglang_radixflow.cache.tree import token_hit
-from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode
+from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode, is_cache_only
 from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_FACTOR, SLOT_WAITS
 
 # SGLang internals this module relies on (fail loudly on upgrade):
@@ -50,10 +50,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return AddReqResult.CONTINUE
 
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
-        # no_buffer hybrids publish a state at b only by cutting the producer's chunk there, which needs SGLang's
-        # single chunk slot: with the slot taken no promise can be made, so planning would be wasted work.
-        slot_needed = sched.mode is PublishMode.CHUNK_END and not sched.config.producer_slot_wait
-        plan = None if slot_needed and not self._rf_may_chunk else sched.plan(req, self.can_run_list)
+        plan = self._plan(req, sched)
         if self._producer_slot_busy(req, plan, sched):
             # RADIXFLOW_PRODUCER_SLOT_WAIT: its state at b can only be published by cutting its chunk there, and
             # SGLang tracks one chunked request at a time: wait for the slot instead of letting every sibling
@@ -71,9 +68,21 @@ class RadixFlowPrefillAdder(PrefillAdder):
             sched.note_admitted(req, plan, token_hit(req))
         return result
 
+    def _plan(self, req: Any, sched: Any) -> Optional[ProducerPlan]:
+        if is_cache_only(req):
+            plan = sched.plan_cache_only(req, token_hit(req))
+            if plan is not None:
+                return plan
+        # no_buffer hybrids publish a state at b only by cutting the producer's chunk there, which needs SGLang's
+        # single chunk slot: with the slot taken no promise can be made, so planning would be wasted work.
+        if sched.mode is PublishMode.CHUNK_END and not sched.config.producer_slot_wait and not self._rf_may_chunk:
+            return None
+        return sched.plan(req, self.can_run_list)
+
     def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
+        # A cache-only request exists to leave its states: it always waits for the chunk slot (bounded).
         return (
-            sched.config.producer_slot_wait
+            (sched.config.producer_slot_wait or (plan is not None and plan.siblings == 0 and is_cache_only(req)))
             and plan is not None
             and plan.mode is PublishMode.CHUNK_END
             and plan.boundary < len(req.full_untruncated_fill_ids)

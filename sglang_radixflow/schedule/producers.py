@@ -29,6 +29,19 @@ class ProducerPlan:
     boundary: int
     mode: PublishMode
     siblings: int
+    later: tuple[int, ...] = ()  # further boundaries, in order: each continuation chunk is cut at the next one
+
+
+# SGLang's frontend `select` scores its choices with logprob_start_len = prompt_len - 2 (token healing), which caps
+# their match there: the state a warm-up leaves must sit at or below that position to be usable.
+CACHE_ONLY_BACKOFF = 2
+
+
+def is_cache_only(req: Any) -> bool:
+    """No output token and no logprob: the request only fills the cache (the warm-up that sgl.select and fork
+    send for a shared prefix). Its state is worth publishing where followers can use it, at the price of one more
+    chunk for this request alone."""
+    return req.sampling_params.max_new_tokens == 0 and not req.return_logprob
 
 
 def namespace_of(req: Any) -> Hashable:
@@ -128,3 +141,21 @@ def plan_producer(
     if boundary <= state_hit:
         return None
     return ProducerPlan(boundary, mode, sum(1 for x in lcps if x >= boundary))
+
+
+def plan_cache_only(
+    req: Any, tokens: Sequence[int], *, token_hit: int, min_gain: int, mode: PublishMode, cache_chunk: int,
+) -> Optional[ProducerPlan]:
+    """Boundaries where a cache-only request should leave states (hybrids): the branch point the tree already knows is
+    shared (its token hit, when beyond its state hit: the state there is missing) and the last position its followers
+    can match (prompt length - CACHE_ONLY_BACKOFF)."""
+    state_hit = int(req.prefix_len)
+    last = len(tokens) - CACHE_ONLY_BACKOFF
+    if mode is PublishMode.TRACK:  # one tracked state per extend, on the cache-chunk grid counted from the prefix
+        last = state_hit + (last - state_hit) // cache_chunk * cache_chunk
+        return ProducerPlan(last, mode, 0) if last >= state_hit + min_gain else None
+    cuts = [b for b in (token_hit, last) if b >= state_hit + min_gain]
+    cuts = sorted(set(b for b in cuts if b <= last))
+    if not cuts:
+        return None
+    return ProducerPlan(cuts[0], mode, 0, tuple(cuts[1:]))

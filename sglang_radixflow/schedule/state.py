@@ -23,6 +23,7 @@ from sglang_radixflow.schedule.producers import (
     SiblingIndex,
     key_limit,
     namespace_of,
+    plan_cache_only,
     plan_producer,
     request_tokens,
     sibling_key,
@@ -177,6 +178,14 @@ class SchedulingState:
         )
         return plan
 
+    def plan_cache_only(self, req: Any, token_hit: int) -> Optional[ProducerPlan]:
+        if not self.active or self.mode is PublishMode.KV:  # full attention: the KV is usable anywhere already
+            return None
+        return plan_cache_only(
+            req, request_tokens(req), token_hit=token_hit, min_gain=self.config.min_gain_tokens, mode=self.mode,
+            cache_chunk=self.cache_chunk,
+        )
+
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
         assert self.current is not None
         self.current.admitted_rids.append(str(req.rid))
@@ -193,9 +202,8 @@ class SchedulingState:
         if plan.mode is PublishMode.TRACK:
             req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
         tokens = request_tokens(req)
-        self.promises.register(
-            namespace_of(req), tokens[: plan.boundary], plan.boundary, str(req.rid), self.current.round_id
-        )
+        for boundary in (plan.boundary, *plan.later):
+            self.promises.register(namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id)
         self.current.producers += 1
 
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
