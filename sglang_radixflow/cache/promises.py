@@ -60,6 +60,9 @@ class PromiseTable:
     def __len__(self) -> int:
         return sum(len(v) for v in self._open.values())
 
+    def __bool__(self) -> bool:  # O(1): checked at every scan position
+        return bool(self._open)
+
     def open_promises(self) -> Iterator[Promise]:
         for promises in self._open.values():
             yield from promises

@@ -66,13 +66,12 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
     """One call of Scheduler._get_new_batch_prefill_raw: admission hold, then the pass with its scratch."""
     running_batch = args[1] if len(args) > 1 else kwargs["running_batch"]
     waiting = scheduler.waiting_queue
+    rows, tokens = budgets(scheduler, running_batch)
     if sched.gate.mode != "native" and waiting and scheduler.chunked_req is None:
-        rows, tokens = budgets(scheduler, running_batch)
         busy = not running_batch.is_empty() or len(getattr(scheduler, "result_queue", ()) or ()) > 0
         decision = sched.gate.decide(waiting=waiting, worker_busy=busy, row_budget=rows, token_budget=tokens)
         if _decide_once(scheduler, decision.hold):
             return None, running_batch
-    rows, tokens = budgets(scheduler, running_batch)
     sched.begin_pass(scheduler.forward_ct + 1, waiting)
     try:
         result = orig(scheduler, *args, **kwargs)

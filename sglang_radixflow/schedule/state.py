@@ -123,7 +123,7 @@ class SchedulingState:
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
-        if not self.active:
+        if not self.active or not self.promises:
             return None
         self._refresh_heads()
         # A promise with b >= INDEX_PREFIX can block only a request whose first INDEX_PREFIX tokens are its own
