@@ -36,6 +36,12 @@ def _cmd_bench_replay(args: argparse.Namespace) -> int:
     return replay.main(args)
 
 
+def _cmd_bench_agent(args: argparse.Namespace) -> int:
+    from sglang_radixflow.bench import agent
+
+    return agent.main(args)
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from sglang_radixflow.bench.rebuild import NotABenchDir, rebuild_report
 
@@ -77,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay.add_arguments(rp)
     rp.set_defaults(func=_cmd_bench_replay)
+    ag = bench_sub.add_parser("agent", help="agent trajectories: RR-Evict vs lru / tlru (TTFT, missed tokens)")
+    from sglang_radixflow.bench.agent import add_arguments as add_agent_arguments
+
+    add_agent_arguments(ag)
+    ag.set_defaults(func=_cmd_bench_agent)
 
     rep = sub.add_parser("report", help="rebuild DIR's summary.json, report.md and figures from its saved records")
     rep.add_argument("dir", help="output directory of a bench (multi-candidate or replay)")

@@ -1,0 +1,397 @@
+"""`radixflow bench agent`: RR-Evict vs SGLang's lru / tlru on multi-turn agent trajectories, real servers.
+
+For each model and each policy: a fresh server (radixflow backend, `--radix-eviction-policy <policy>`, the same KV
+capacity, the same build), a warm-up, the seeded agent workload (bench/agent_workload.py) driven by n_a worker threads
+(a closed loop per agent: turn t starts from turn t-1's prompt + output), then stop. Per request: TTFT (streamed, time
+to the first chunk), SGLang's cached_tokens, and missed tokens = tokens of the agent's own earlier turns recomputed
+instead of reused (prompt_{t-1} + output_{t-1} - 1, minus what was cached, floored at 0; the last generated token never
+has KV). Statistics are over return turns (t >= 1): the first turn is cold for every policy.
+Requests carry `session_id = agent-<i>`, which RR-Evict uses as the trajectory identity.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from sglang_radixflow.bench.agent_workload import AgentParams, AgentWorkload, make_agent_workload
+from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
+from sglang_radixflow.bench.server import SGLangServer, live_servers
+from sglang_radixflow.models import ensure_model
+
+POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
+DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
+# T-LRU needs its two knobs (SGLang refuses threshold <= next_prompt_estimate): a turn's new tokens are the estimate,
+# and a few turns' worth the threshold.
+TLRU_TURNS = 4
+TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
+
+Log = Callable[[str], None]
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+@dataclass(frozen=True)
+class AgentBenchOptions:
+    out: Path
+    params: AgentParams
+    models: tuple[str, ...] = DEFAULT_MODELS
+    policies: tuple[str, ...] = POLICIES
+    models_root: Path = Path("runs/models")
+    rr_block: int = 16
+    request_timeout_s: float = 600.0
+    server_threads: int = 1  # OMP_NUM_THREADS per server (see bench/runner.py)
+    extra_server_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.policies if p not in POLICIES]
+        if bad:
+            raise ValueError(f"unknown policy(ies) {', '.join(bad)}; allowed: {', '.join(POLICIES)}")
+        if not self.policies or not self.models:
+            raise ValueError("need at least one policy and one model")
+
+
+def server_args(policy: str, params: AgentParams) -> list[str]:
+    args = ["--radix-eviction-policy", policy, "--max-total-tokens", str(params.kv_tokens()),
+            "--max-running-requests", str(params.active), "--chunked-prefill-size", "4096",
+            # states are not what is scarce here: every turn may keep one (KV capacity m is the constraint)
+            "--max-mamba-cache-size", str(params.agents * params.turns + 64)]
+    if policy == "tlru":
+        per_turn = params.new_tokens + params.gen_tokens
+        args += ["--radix-eviction-policy-config",
+                 json.dumps({"threshold": TLRU_TURNS * per_turn, "next_prompt_estimate": per_turn})]
+    return args
+
+
+def stream_generate(url: str, input_ids: Sequence[int], max_new_tokens: int, session: str, rid: str,
+                    timeout_s: float) -> tuple[float, float, dict[str, Any]]:
+    """(ttft_s, latency_s, last chunk) of one streamed /generate."""
+    payload = {"input_ids": list(input_ids), "rid": rid, "session_id": session, "stream": True,
+               "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
+    req = urllib.request.Request(url + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    ttft: Optional[float] = None
+    last: dict[str, Any] = {}
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        for raw in resp:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            body = line[len("data:"):].strip()
+            if body == "[DONE]":
+                break
+            chunk = json.loads(body)
+            if ttft is None:
+                ttft = time.perf_counter() - start
+            last = chunk
+    latency = time.perf_counter() - start
+    if ttft is None:
+        raise RuntimeError("the stream carried no chunk")
+    return ttft, latency, last
+
+
+def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[str, Any]]:
+    """Run the schedule with n_a workers; each (agent, turn) waits for that agent's previous turn."""
+    p = w.params
+    records: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    done = {(a, t): threading.Event() for a, t in w.schedule}
+    history: dict[int, list[int]] = {}  # agent -> prompt + output of its last finished turn
+    prev_len: dict[int, int] = {}
+    cursor = [0]
+    start = time.perf_counter()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if cursor[0] >= len(w.schedule):
+                    return
+                a, t = w.schedule[cursor[0]]
+                cursor[0] += 1
+            if t > 0:
+                done[(a, t - 1)].wait()
+            agent = w.agents[a]
+            with lock:
+                prompt = list(agent.first) if t == 0 else history[a] + agent.new[t - 1]
+                reusable = 0 if t == 0 else max(0, prev_len[a] - 1)
+            rec: dict[str, Any] = {"agent": a, "turn": t, "prompt_len": len(prompt), "reusable": reusable,
+                                   "sent_s": time.perf_counter() - start}
+            try:
+                ttft, latency, last = stream_generate(url, prompt, p.gen_tokens, f"agent-{a}", f"a{a}-t{t}", timeout_s)
+                meta = last.get("meta_info") or {}
+                out = [int(x) for x in last.get("output_ids") or []]
+                cached = int(meta.get("cached_tokens", 0))
+                rec.update(ttft_s=ttft, latency_s=latency, cached_tokens=cached, output_len=len(out),
+                           missed_tokens=max(0, reusable - cached) if t > 0 else 0, error=None)
+                if len(out) != p.gen_tokens:
+                    rec["error"] = f"{len(out)} output tokens, expected {p.gen_tokens}"
+            except (urllib.error.URLError, OSError, RuntimeError, ValueError) as err:
+                out = []
+                rec.update(error=f"{type(err).__name__}: {err}"[:300])
+            with lock:
+                history[a] = prompt + out
+                prev_len[a] = len(prompt) + len(out)
+                records.append(rec)
+                n = len(records)
+            done[(a, t)].set()
+            if n % max(1, len(w.schedule) // 8) == 0 or n == len(w.schedule):
+                log(f"    {n}/{len(w.schedule)} turns, {time.perf_counter() - start:.1f}s")
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(p.active)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sorted(records, key=lambda r: r["sent_s"])
+
+
+def run_arm(model_path: Path, arch: str, policy: str, w: AgentWorkload, opts: AgentBenchOptions, log: Log) -> None:
+    arm_dir = opts.out / arch / policy
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    trace = (arm_dir / "trace.jsonl").resolve()
+    trace.unlink(missing_ok=True)
+    env = {"RADIXFLOW_TRACE": str(trace), "RADIXFLOW_RR_BLOCK": str(opts.rr_block)}
+    if opts.server_threads > 0:
+        env["OMP_NUM_THREADS"] = str(opts.server_threads)
+    server = SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=arm_dir / "server.log",
+                          extra_args=server_args(policy, w.params) + list(opts.extra_server_args))
+    log(f"  [{arch}/{policy}] starting server")
+    with server:
+        warm = [5 + i for i in range(64)]
+        stream_generate(server.url, warm, 2, "warmup", "warmup", opts.request_timeout_s)
+        first_round = _last_round(trace)
+        t0 = time.perf_counter()
+        records = drive(server.url, w, opts.request_timeout_s, log)
+        wall = time.perf_counter() - t0
+        time.sleep(1.0)  # let the idle memory check run once
+        leak = "memory leak detected" in server.log_text()
+    write_jsonl(arm_dir / "requests.jsonl", records)
+    (arm_dir / "meta.json").write_text(json.dumps(
+        {"model": str(model_path), "policy": policy, "wall_s": wall, "first_round": first_round,
+         "server_args": server.command(), "idle_leak_reported": leak}, indent=1))
+    log(f"  [{arch}/{policy}] {len(records)} turns in {wall:.1f}s")
+
+
+def _last_round(trace: Path) -> int:
+    if not trace.is_file():
+        return -1
+    return max((int(r["round"]) for r in read_jsonl(trace) if r.get("kind") == "round"), default=-1)
+
+
+# ---------------------------------------------------------------- summary / report
+
+def arm_summary(arch: str, policy: str, records: Sequence[dict[str, Any]], rounds: Sequence[dict[str, Any]],
+                trace_requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in records if not r.get("error")]
+    ret = [r for r in ok if r["turn"] > 0]
+    ttft = [r["ttft_s"] for r in ret]
+    missed = [float(r["missed_tokens"]) for r in ret]
+    lat = [r["latency_s"] for r in ok]
+    tm = trace_metrics(rounds, trace_requests) if rounds else {}
+    rounds_n = tm.get("rounds")
+    return {
+        "model": arch, "policy": policy, "requests": len(records), "completed": len(ok),
+        "errors": len(records) - len(ok),
+        "rounds": rounds_n, "prefill_rounds": tm.get("prefill_rounds"),
+        "rows_per_round": None, "tokens_per_round": None,
+        "latency_mean_s": mean(lat), "latency_p50_s": percentile(lat, 50), "latency_p95_s": percentile(lat, 95),
+        "latency_p99_s": percentile(lat, 99), "first_selection_wait_mean_s": tm.get("first_selection_wait_mean_s"),
+        "reuse_ratio": (sum(r["cached_tokens"] for r in ok) / sum(r["prompt_len"] for r in ok)) if ok else None,
+        "token_hit_tokens": tm.get("token_hit_tokens"), "state_ready_hit_tokens": tm.get("state_ready_hit_tokens"),
+        "blocked_skips": tm.get("blocked_skips"), "avoidable_bubbles": tm.get("avoidable_bubbles"),
+        "host_time_s": tm.get("host_time_s"), "host_cost_per_round_s": tm.get("host_cost_per_round_s"),
+        "round_lower_bound": None, "first_token_agreement": None,
+        "ttft_mean_s": mean(ttft), "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "missed_tokens_mean": mean(missed), "missed_tokens_p50": percentile(missed, 50),
+        "missed_tokens_p99": percentile(missed, 99),
+        "missed_fraction_mean": mean([r["missed_tokens"] / r["reusable"] for r in ret if r["reusable"]]),
+        "return_turns": len(ret),
+    }
+
+
+def build_summary(out: Path) -> dict[str, Any]:
+    workload = json.loads((out / "workload.json").read_text())
+    arms: dict[str, Any] = {}
+    for arch in workload["models"]:
+        for policy in workload["policies"]:
+            d = out / arch / policy
+            if not (d / "requests.jsonl").is_file():
+                continue
+            meta = json.loads((d / "meta.json").read_text())
+            trace = read_jsonl(d / "trace.jsonl") if (d / "trace.jsonl").is_file() else []
+            first = int(meta.get("first_round", -1))
+            rounds = [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
+            reqs = [r for r in trace if r.get("kind") == "request" and not str(r.get("rid", "")).startswith("warmup")]
+            arm = arm_summary(arch, policy, read_jsonl(d / "requests.jsonl"), rounds, reqs)
+            arm["wall_s"] = meta.get("wall_s")
+            arm["idle_leak_reported"] = meta.get("idle_leak_reported")
+            arms[f"{arch}/{policy}"] = arm
+    return {"kind": "agent", "workload": workload["workload"],
+            "budgets": {"S": workload["workload"]["active"], "T": 4096, "calibrated_on": "fixed"},
+            "arms": arms, "cost_identity": {}, "targets": targets(arms)}
+
+
+def targets(arms: dict[str, Any]) -> dict[str, Any]:
+    """rr / lru ratios against the issue's targets, per model."""
+    result: dict[str, Any] = {}
+    for key, arm in arms.items():
+        arch, policy = key.split("/")
+        base = arms.get(f"{arch}/lru")
+        if policy != "rr" or base is None:
+            continue
+        rows = {}
+        for name, field in (("missed_p99", "missed_tokens_p99"), ("ttft_p99", "ttft_p99_s"), ("ttft_mean", "ttft_mean_s")):
+            num, den = arm.get(field), base.get(field)
+            ratio = None if num is None or not den else num / den
+            rows[name] = {"rr": num, "lru": den, "ratio": ratio, "target": TARGETS[name],
+                          "met": ratio is not None and ratio <= TARGETS[name]}
+        result[arch] = rows
+    return result
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    w = summary["workload"]
+    lines = [
+        "# Agent benchmark: RR-Evict vs lru / tlru", "",
+        f"n = {w['agents']} agents, n_a = {w['active']} active, m = {w['capacity']} trajectories of cache "
+        f"({w['kv_tokens']} KV tokens), s = {w['idle_fraction_s']:.2f}, {w['turns']} turns per agent, "
+        f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
+        f"{w['gen_tokens']} generated/turn, seed {w['seed']}. Ideal RR: every idle trajectory keeps "
+        f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
+        f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
+        "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed.", "",
+    ]
+    models = sorted({a["model"] for a in summary["arms"].values()})
+    for arch in models:
+        lines += [f"## {arch}", "",
+                  "| policy | TTFT mean (s) | TTFT P50 | TTFT P99 | missed mean | missed P50 | missed P99 | "
+                  "missed share | reuse ratio | errors | leak |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, a in summary["arms"].items():
+            if a["model"] != arch:
+                continue
+            lines.append(
+                f"| {a['policy']} | {_f(a['ttft_mean_s'])} | {_f(a['ttft_p50_s'])} | {_f(a['ttft_p99_s'])} | "
+                f"{_f(a['missed_tokens_mean'], '{:.1f}')} | {_f(a['missed_tokens_p50'], '{:.1f}')} | "
+                f"{_f(a['missed_tokens_p99'], '{:.1f}')} | {_f(a['missed_fraction_mean'])} | {_f(a['reuse_ratio'])} | "
+                f"{a['errors']} | {'yes' if a.get('idle_leak_reported') else 'no'} |")
+        t = summary["targets"].get(arch)
+        if t:
+            lines += ["", "| rr / lru | rr | lru | ratio | target | met |", "|---|---|---|---|---|---|"]
+            for name, row in t.items():
+                lines.append(f"| {name} | {_f(row['rr'])} | {_f(row['lru'])} | {_f(row['ratio'])} | "
+                             f"<= {row['target']} | {'yes' if row['met'] else 'NO'} |")
+        lines.append("")
+    lines += ["![TTFT and missed tokens](agent_distributions.png)", ""]
+    return "\n".join(lines)
+
+
+def write_figure(out: Path, summary: dict[str, Any]) -> Optional[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    models = sorted({a["model"] for a in summary["arms"].values()})
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False)
+    for i, arch in enumerate(models):
+        for key, a in summary["arms"].items():
+            if a["model"] != arch:
+                continue
+            recs = [r for r in read_jsonl(out / arch / a["policy"] / "requests.jsonl") if not r.get("error") and r["turn"] > 0]
+            for j, field in enumerate(("ttft_s", "missed_tokens")):
+                xs = sorted(float(r[field]) for r in recs)
+                if xs:
+                    axes[i][j].plot(xs, [(k + 1) / len(xs) for k in range(len(xs))], label=a["policy"])
+        axes[i][0].set_title(f"{arch}: TTFT (return turns)")
+        axes[i][0].set_xlabel("seconds")
+        axes[i][1].set_title(f"{arch}: missed tokens (own history recomputed)")
+        axes[i][1].set_xlabel("tokens")
+        for ax in axes[i]:
+            ax.set_ylabel("CDF")
+            ax.axhline(0.99, color="grey", lw=0.5, ls=":")
+            ax.legend()
+    fig.tight_layout()
+    path = out / "agent_distributions.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path) -> dict[str, Any]:
+    summary = build_summary(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_figure(out, summary)
+    (out / "report.md").write_text(format_report(summary))
+    return summary
+
+
+# ---------------------------------------------------------------- CLI
+
+def run(opts: AgentBenchOptions, log: Log = _print) -> dict[str, Any]:
+    opts.out.mkdir(parents=True, exist_ok=True)
+    w = make_agent_workload(opts.params)
+    (opts.out / "workload.json").write_text(json.dumps(
+        {"workload": {**w.describe(), "rr_block": opts.rr_block}, "models": list(opts.models),
+         "policies": list(opts.policies)}, indent=1))
+    for arch in opts.models:
+        model_path = ensure_model(arch, opts.models_root)
+        for policy in opts.policies:
+            run_arm(model_path, arch, policy, w, opts, log)
+            assert not live_servers(), live_servers()
+    return write_report(opts.out)
+
+
+QUICK = dict(agents=12, active=3, capacity=10.0, turns=5, system_tokens=128, first_tokens=256, new_tokens=24,
+             gen_tokens=4)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = AgentParams()
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quick", action="store_true", help="a smaller workload (a few minutes on 2 CPU cores)")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {', '.join(POLICIES)}")
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma list of tiny-model archs")
+    p.add_argument("--models-root", default="runs/models", help="where tiny models are made/reused")
+    p.add_argument("--agents", type=int, default=None, help=f"n (default {d.agents})")
+    p.add_argument("--active", type=int, default=None, help=f"n_a (default {d.active})")
+    p.add_argument("--capacity", type=float, default=None, help=f"m, in trajectories (default {d.capacity})")
+    p.add_argument("--turns", type=int, default=None, help=f"turns per agent (default {d.turns})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
+    p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.report_only:
+        summary = write_report(out)
+    else:
+        base = AgentParams(**QUICK) if args.quick else AgentParams()
+        overrides = {k: getattr(args, k) for k in ("agents", "active", "capacity", "turns") if getattr(args, k) is not None}
+        params = replace(base, seed=args.seed, **overrides)
+        opts = AgentBenchOptions(
+            out=out, params=params, models=tuple(m for m in args.models.split(",") if m),
+            policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
+            rr_block=args.rr_block)
+        summary = run(opts)
+    print((out / "report.md").read_text())
+    return 1 if any(a["errors"] for a in summary["arms"].values()) else 0
+
+
+__all__ = ["AgentBenchOptions", "add_arguments", "main", "run", "write_report", "asdict"]

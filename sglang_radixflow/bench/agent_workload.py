@@ -1,0 +1,133 @@
+"""Agent workload for `radixflow bench agent`: N multi-turn trajectories, deterministic from a seed.
+
+Each agent: a shared system prompt + a private first message, then every turn appends new user/tool tokens to its
+history (prompt_t = prompt_{t-1} + output_{t-1} + new_t) and generates a few tokens. At most n_a agents run a turn at
+any moment; the rest are idle ("tool / think" time), so the idle fraction is s = 1 - n_a/n. Who runs next is a fixed
+seeded schedule (the same for every policy): an agent never re-enters within n_a dispatches of its last turn.
+Cache capacity is sized in trajectories: m of them at their mean length (n_a < m < n), so eviction is steady.
+Token ids are generated locally (no tokenizer, no data set).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class AgentParams:
+    agents: int = 20  # n
+    active: int = 4  # n_a: turns in flight at once
+    capacity: float = 17.0  # m: cache capacity, in trajectories of mean length
+    turns: int = 8  # per agent
+    system_tokens: int = 200  # shared by every agent
+    first_tokens: int = 300  # private first user message
+    new_tokens: int = 40  # user/tool tokens appended per turn (mean; +/- 25%)
+    gen_tokens: int = 8  # generated per turn
+    seed: int = 0
+    vocab: tuple[int, int] = (3, 2000)  # token ids drawn from [lo, hi): valid for every tiny model
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not 0 < self.active < self.capacity < self.agents:
+            errors.append(f"need 0 < active (n_a={self.active}) < capacity (m={self.capacity}) < agents (n={self.agents})")
+        for name in ("turns", "system_tokens", "first_tokens", "new_tokens", "gen_tokens"):
+            if getattr(self, name) < 1:
+                errors.append(f"{name}={getattr(self, name)} must be >= 1")
+        if errors:
+            raise ValueError("invalid agent workload: " + "; ".join(errors))
+
+    @property
+    def idle_fraction(self) -> float:  # s
+        return 1.0 - self.active / self.agents
+
+    @property
+    def ideal_retained(self) -> float:  # h = (m - n_a) / (n s)
+        return (self.capacity - self.active) / (self.agents * self.idle_fraction)
+
+    def mean_trajectory_tokens(self) -> float:
+        """Mean prompt length over all turns (what `capacity` trajectories are measured in)."""
+        per_turn = self.new_tokens + self.gen_tokens
+        return self.system_tokens + self.first_tokens + per_turn * (self.turns - 1) / 2
+
+    def kv_tokens(self) -> int:
+        return int(self.capacity * self.mean_trajectory_tokens())
+
+
+@dataclass
+class Agent:
+    aid: int
+    first: list[int]  # system + first message
+    new: list[list[int]] = field(default_factory=list)  # new tokens of turns 1..T-1
+
+
+@dataclass(frozen=True)
+class AgentWorkload:
+    params: AgentParams
+    agents: list[Agent]
+    schedule: list[tuple[int, int]]  # dispatch order: (agent, turn)
+
+    def describe(self) -> dict[str, Any]:
+        p = self.params
+        return {
+            **{k: v for k, v in asdict(p).items() if k != "vocab"}, "vocab": list(p.vocab),
+            "idle_fraction_s": p.idle_fraction, "ideal_retained_h": p.ideal_retained,
+            "ideal_missed_fraction_q": 1.0 - p.ideal_retained, "kv_tokens": p.kv_tokens(),
+            "mean_trajectory_tokens": p.mean_trajectory_tokens(), "requests": len(self.schedule),
+            # every agent's own history is reusable on every return turn; only the new tokens must be computed
+            "ideal_reuse_ratio": ideal_reuse_ratio(self),
+        }
+
+
+def make_agent_workload(params: AgentParams) -> AgentWorkload:
+    rng = random.Random(params.seed)
+    lo, hi = params.vocab
+    system = [rng.randrange(lo, hi) for _ in range(params.system_tokens)]
+    agents = []
+    for a in range(params.agents):
+        first = system + [rng.randrange(lo, hi) for _ in range(params.first_tokens)]
+        jitter = max(1, params.new_tokens // 4)
+        new = [[rng.randrange(lo, hi) for _ in range(max(1, params.new_tokens + rng.randint(-jitter, jitter)))]
+               for _ in range(params.turns - 1)]
+        agents.append(Agent(a, first, new))
+    return AgentWorkload(params, agents, make_schedule(params, rng))
+
+
+def make_schedule(params: AgentParams, rng: random.Random) -> list[tuple[int, int]]:
+    """Seeded dispatch order. Every agent starts once (in a shuffled order), then a random agent that has turns left
+    and was not among the last n_a dispatches goes next."""
+    next_turn = [0] * params.agents
+    order: list[tuple[int, int]] = []
+    first = list(range(params.agents))
+    rng.shuffle(first)
+    recent: list[int] = []
+    for a in first:
+        order.append((a, 0))
+        next_turn[a] = 1
+        recent = (recent + [a])[-params.active:]
+    while True:
+        ready = [a for a in range(params.agents) if next_turn[a] < params.turns and a not in recent]
+        if not ready:
+            left = [a for a in range(params.agents) if next_turn[a] < params.turns]
+            if not left:
+                return order
+            ready = left  # the tail end: fewer agents than n_a + 1 still have turns
+        a = rng.choice(ready)
+        order.append((a, next_turn[a]))
+        next_turn[a] += 1
+        recent = (recent + [a])[-params.active:]
+
+
+def ideal_reuse_ratio(w: AgentWorkload) -> float:
+    """Σ reusable / Σ prompt tokens if nothing were ever evicted (the system prompt counted once, on its first use)."""
+    p = w.params
+    total = reusable = 0
+    for agent in w.agents:
+        length = len(agent.first)
+        total += length
+        for t in range(1, p.turns):
+            reusable += length + p.gen_tokens - 1  # the last generated token never has KV
+            length += p.gen_tokens + len(agent.new[t - 1])
+            total += length
+    reusable += p.system_tokens * (p.agents - 1)
+    return reusable / total
