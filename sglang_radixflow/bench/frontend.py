@@ -121,9 +121,10 @@ def metered_endpoint(url: str) -> Any:
             self._keep(s, "choice" if isinstance(data.get("text"), list) else "warmup", [r["meta_info"] for r in batch])
             return obj
 
-        def commit_lazy_operations(self, s: Any) -> None:  # fork's warm-up (its response is not returned)
-            super().commit_lazy_operations(s)
-            self._keep(s, "warmup", [{}])
+        def commit_lazy_operations(self, s: Any) -> None:
+            # fork's warm-up: the very request RuntimeEndpoint.commit_lazy_operations sends, through the path that
+            # keeps the response (the original drops it)
+            self._generate_http_request(s, {"text": s.text_, "sampling_params": {"max_new_tokens": 0}})
 
         def generate(self, s: Any, sampling_params: Any) -> Any:  # fork's branches
             comp, meta = super().generate(s, sampling_params)
