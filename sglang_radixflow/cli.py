@@ -1,4 +1,4 @@
-"""`radixflow` command line: make-model, demo, bench (multi-candidate, replay), report."""
+"""`radixflow` command line: make-model, demo, bench (multi-candidate, replay, agent), report."""
 from __future__ import annotations
 
 import argparse
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.set_defaults(func=_cmd_bench_agent)
 
     rep = sub.add_parser("report", help="rebuild DIR's summary.json, report.md and figures from its saved records")
-    rep.add_argument("dir", help="output directory of a bench (multi-candidate or replay)")
+    rep.add_argument("dir", help="output directory of a bench (multi-candidate, replay or agent)")
     rep.set_defaults(func=_cmd_report)
     return parser
 

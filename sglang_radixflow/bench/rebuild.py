@@ -1,7 +1,8 @@
 """`radixflow report DIR`: rebuild a bench directory's summary.json, report.md and figures from its saved records.
 
 Which bench wrote DIR is read from what it saved: a replay's summary.json says kind "replay" (rebuilt from its
-per-round fragment files); a multi-candidate run has workload.json and <model>/<arm>.run.json (rebuilt from server
+per-round fragment files); an agent run's workload.json lists "policies" (rebuilt by bench/agent.py from its
+<model>/<policy>/ records); a multi-candidate run has workload.json and <model>/<arm>.run.json (rebuilt from server
 logs, traces and client records). Nothing is re-measured.
 """
 from __future__ import annotations
@@ -25,11 +26,14 @@ def bench_kind(out: Path) -> str:
             kind = None
         if kind == "replay":
             return "replay"
-    if (out / "workload.json").is_file() and any(out.glob("*/*.run.json")):
+    workload = out / "workload.json"
+    if workload.is_file() and "policies" in json.loads(workload.read_text()):
+        return "agent"
+    if workload.is_file() and any(out.glob("*/*.run.json")):
         return "multi-candidate"
     raise NotABenchDir(
-        f"{out}: not a bench output directory (expected a replay summary.json, or workload.json with "
-        "<model>/<arm>.run.json from `radixflow bench multi-candidate`)"
+        f"{out}: not a bench output directory (expected a replay summary.json, or workload.json from "
+        "`radixflow bench multi-candidate` (with <model>/<arm>.run.json) or `radixflow bench agent`)"
     )
 
 
@@ -41,6 +45,10 @@ def rebuild_report(out: str | Path) -> str:
         from sglang_radixflow.bench import replay
 
         replay.rebuild(out)
+    elif kind == "agent":
+        from sglang_radixflow.bench import agent
+
+        agent.write_report(out)
     else:
         from sglang_radixflow.bench import report
 

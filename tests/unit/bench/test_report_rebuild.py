@@ -51,3 +51,17 @@ def test_report_on_a_directory_that_is_not_a_bench(tmp_path: Path, capsys) -> No
     assert "not a bench output directory" in capsys.readouterr().err
     assert cli.main(["report", str(tmp_path / "missing")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_bench_kind_is_read_from_the_saved_files(run_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    from sglang_radixflow.bench.rebuild import bench_kind
+
+    assert bench_kind(run_dir) == "multi-candidate"
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "workload.json").write_text(json.dumps({"models": ["qwen3"], "policies": ["lru", "rr"], "workload": {}}))
+    assert bench_kind(agent) == "agent"
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    (replay / "summary.json").write_text(json.dumps({"kind": "replay", "instances": {}}))
+    assert bench_kind(replay) == "replay"
