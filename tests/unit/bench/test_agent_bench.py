@@ -1,0 +1,86 @@
+"""Agent workload (seeded, n_a < m < n) and the agent summary / report built from saved per-turn records."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sglang_radixflow.bench import agent
+from sglang_radixflow.bench.agent_workload import AgentParams, make_agent_workload
+from sglang_radixflow.bench.report import write_jsonl
+
+CONTRACT_KEYS = {
+    "model", "requests", "completed", "errors", "rounds", "prefill_rounds", "rows_per_round", "tokens_per_round",
+    "latency_mean_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "first_selection_wait_mean_s",
+    "reuse_ratio", "token_hit_tokens", "state_ready_hit_tokens", "blocked_skips", "avoidable_bubbles",
+    "host_time_s", "host_cost_per_round_s", "round_lower_bound", "first_token_agreement",
+    "ttft_mean_s", "ttft_p99_s", "missed_tokens_mean", "missed_tokens_p99",
+}
+
+
+def test_workload_is_deterministic_and_keeps_n_a_turns_between_an_agents_turns() -> None:
+    p = AgentParams(**agent.QUICK)
+    w1, w2 = make_agent_workload(p), make_agent_workload(p)
+    assert w1.schedule == w2.schedule and [a.new for a in w1.agents] == [a.new for a in w2.agents]
+    assert make_agent_workload(replace(p, seed=1)).schedule != w1.schedule
+    assert sorted(w1.schedule) == [(a, t) for a in range(p.agents) for t in range(p.turns)]
+    last: dict[int, int] = {}
+    for i, (a, t) in enumerate(w1.schedule):
+        if a in last and i < len(w1.schedule) - p.active:  # the tail may run out of other agents
+            assert i - last[a] > p.active
+        last[a] = i
+    assert all(a.first[: p.system_tokens] == w1.agents[0].first[: p.system_tokens] for a in w1.agents)
+    d = w1.describe()
+    assert d["ideal_retained_h"] == pytest.approx((p.capacity - p.active) / (p.agents * (1 - p.active / p.agents)))
+    assert 0 < d["ideal_reuse_ratio"] < 1
+
+
+def test_invalid_regime_names_the_constraint() -> None:
+    with pytest.raises(ValueError, match=r"need 0 < active \(n_a=4\) < capacity \(m=3.0\) < agents \(n=20\)"):
+        AgentParams(capacity=3.0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        agent.AgentBenchOptions(out=Path("x"), params=AgentParams(), policies=("lru", "fifo"))
+
+
+def test_tlru_gets_valid_knobs_and_every_policy_the_same_capacity() -> None:
+    p = AgentParams()
+    args = {pol: agent.server_args(pol, p) for pol in agent.POLICIES}
+    kv = {pol: a[a.index("--max-total-tokens") + 1] for pol, a in args.items()}
+    assert len(set(kv.values())) == 1
+    cfg = json.loads(args["tlru"][args["tlru"].index("--radix-eviction-policy-config") + 1])
+    assert cfg["threshold"] > cfg["next_prompt_estimate"] > 0
+
+
+def _records(policy: str) -> list[dict]:
+    out = []
+    for a in range(4):
+        for t in range(3):
+            missed = 0 if t == 0 else (300 if policy == "lru" and a == 0 else 30)
+            out.append({"agent": a, "turn": t, "prompt_len": 400 + 50 * t, "reusable": 0 if t == 0 else 350 + 50 * t,
+                        "sent_s": a + t, "ttft_s": 0.1 + missed / 1000, "latency_s": 0.2, "cached_tokens": 100,
+                        "missed_tokens": missed, "output_len": 8, "error": None})
+    return out
+
+
+def test_summary_contract_targets_and_report_from_saved_records(tmp_path: Path) -> None:
+    w = make_agent_workload(AgentParams(**agent.QUICK))
+    (tmp_path / "workload.json").write_text(json.dumps(
+        {"workload": w.describe(), "models": ["qwen3"], "policies": ["lru", "rr"]}))
+    for pol in ("lru", "rr"):
+        d = tmp_path / "qwen3" / pol
+        d.mkdir(parents=True)
+        write_jsonl(d / "requests.jsonl", _records(pol))
+        (d / "meta.json").write_text(json.dumps({"wall_s": 1.0, "first_round": -1, "idle_leak_reported": False}))
+    summary = agent.write_report(tmp_path)
+    assert summary["kind"] == "agent" and set(summary["arms"]) == {"qwen3/lru", "qwen3/rr"}
+    for arm in summary["arms"].values():
+        assert CONTRACT_KEYS <= set(arm)
+        assert arm["return_turns"] == 8
+    t = summary["targets"]["qwen3"]
+    assert t["missed_p99"]["ratio"] == pytest.approx(30 / 300, rel=0.05) and t["missed_p99"]["met"]
+    report = (tmp_path / "report.md").read_text()
+    assert "| rr | " in report and "| missed_p99 |" in report
+    assert (tmp_path / "agent_distributions.png").stat().st_size > 0
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
