@@ -69,14 +69,31 @@ def fill_from_response(rec: RequestRecord, body: Mapping[str, Any]) -> None:
         rec.error = "no output_ids in the response"
 
 
+class Completions:
+    """Counts finished items across client threads; each finish sets the record's latency (when it has no error) and
+    is reported to `on_done(record, finished so far, total)` (progress output)."""
+
+    def __init__(self, on_done: Optional[Callable[[Any, int, int], None]] = None) -> None:
+        self.on_done = on_done
+        self._lock = threading.Lock()
+        self._finished = 0
+
+    def finish(self, rec: Any, total: int) -> None:
+        if rec.error is None:
+            rec.latency_s = rec.done_s - rec.sent_s
+        with self._lock:
+            self._finished += 1
+            done = self._finished
+        if self.on_done is not None:
+            self.on_done(rec, done, total)
+
+
 class OpenLoopClient:
     def __init__(self, url: str, timeout_s: float = 600.0,
                  on_done: Optional[Callable[[RequestRecord, int, int], None]] = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.on_done = on_done  # (record, finished so far, total): progress output
-        self._lock = threading.Lock()
-        self._finished = 0
 
     def run(self, requests: Sequence[Request], lead_s: float = 0.05) -> list[RequestRecord]:
         """Send every request at its arrival_s after the start; return records in request order.
@@ -87,7 +104,7 @@ class OpenLoopClient:
         longer than a 5 ms admission hold).
         """
         records = [RequestRecord(r.rid, r.qid, r.branch, len(r.input_ids), r.arrival_s) for r in requests]
-        self._finished = 0
+        self._completions = Completions(self.on_done)
         threads: list[threading.Thread] = []
         start = time.perf_counter() + lead_s
         i = 0
@@ -121,13 +138,7 @@ class OpenLoopClient:
         except Exception as err:  # a dead server, a timeout: recorded, the run goes on
             rec.error = f"{type(err).__name__}: {err}"[:300]
         rec.done_s = time.perf_counter() - start
-        if rec.error is None:
-            rec.latency_s = rec.done_s - rec.sent_s
-        with self._lock:
-            self._finished += 1
-            done = self._finished
-        if self.on_done is not None:
-            self.on_done(rec, done, total)
+        self._completions.finish(rec, total)
 
 
 def first_token_agreement(arm: Sequence[Mapping[str, Any]], baseline: Sequence[Mapping[str, Any]]) -> Optional[float]:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from sglang_radixflow.bench.client import Completions
 from sglang_radixflow.bench.workloads import CANDIDATES, Workload, shared_prefixes
 
 PATHS: tuple[str, ...] = ("raw", "select", "fork")
@@ -181,9 +182,8 @@ class FrontendClient:
                  timeout_s: float = 600.0) -> None:
         if path not in FRONTEND_PATHS:
             raise ValueError(f"path={path!r}; frontend paths: {', '.join(FRONTEND_PATHS)}")
-        self.url, self.path, self.on_done, self.timeout_s = url, path, on_done, timeout_s
-        self._lock = threading.Lock()
-        self._finished = 0
+        self.url, self.path, self.timeout_s = url, path, timeout_s
+        self._completions = Completions(on_done)
 
     def run(self, questions: Sequence[TextQuestion], lead_s: float = 0.05) -> list[QuestionRecord]:
         program = programs()[self.path]
@@ -228,11 +228,5 @@ class FrontendClient:
         rec.choice_cached_tokens = [int(m.get("cached_tokens", 0)) for m in choices]
         if rec.error is None and len(choices) != len(q.candidates):
             rec.error = f"{len(choices)} choice requests recorded, expected {len(q.candidates)}"
-        if rec.error is None:
-            rec.latency_s = rec.done_s - rec.sent_s
-        with self._lock:
-            self._finished += 1
-            done = self._finished
-        if self.on_done is not None:
-            self.on_done(rec, done, total)
+        self._completions.finish(rec, total)
 
