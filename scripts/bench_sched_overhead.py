@@ -11,8 +11,9 @@ tree, a waiting queue of N requests, one timed pass (GC off). Medians over the r
 Variants: native = RADIXFLOW_ARM=sglang (SGLang's PrefillAdder); rf = RADIXFLOW_ARM=radixflow with native admission
 (the traversal alone); rf+flex = the radixflow arm as deployed, its admission gate included (requests arrived 1 s
 ago: the gate releases on its deadline, i.e. what a loaded server sees).
-Queue state: steady = the requests were seen by an earlier pass (per-request keys cached, what a long queue looks
-like pass after pass); cold = every request is new (the first pass after a burst of N arrivals).
+Queue state: steady = the requests were seen by an earlier pass, which admitted S/2 others since gone (per-request
+keys cached and indexed, what a long queue looks like pass after pass); cold = every request is new (the first pass
+after a burst of N arrivals).
 
 Queue: groups of 4 candidates (a shared document of 300-500 tokens + a 20-token question, then a distinct 8-24
 token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1 in 5 requests).
@@ -89,7 +90,8 @@ def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
     for req in queue:  # arrived a while ago: a flex gate releases on its deadline
         req.time_stats.wait_queue_entry_time -= 1.0
     if variant != "native" and steady:
-        h.cache.rf_sched.index_waiting(queue)  # what an earlier pass that planned a producer left indexed
+        # What the previous pass left indexed: this queue plus the requests it admitted (they left since).
+        h.cache.rf_sched.index_waiting(make_queue(S // 2, seed=1) + queue)
     return h
 
 

@@ -56,6 +56,7 @@ class PromiseTable:
     def __init__(self) -> None:
         self._open: dict[str, list[Promise]] = {}  # producer rid -> its open promises
         self.counters = PromiseCounters()
+        self.version = 0  # moves whenever a promise opens or closes (indexes built on the table check it)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._open.values())
@@ -76,6 +77,7 @@ class PromiseTable:
         promise = Promise(namespace, tokens, boundary, producer_rid, round_id)
         self._open.setdefault(producer_rid, []).append(promise)
         self.counters.registered += 1
+        self.version += 1
         return promise
 
     def for_producer(self, producer_rid: str) -> list[Promise]:
@@ -122,6 +124,7 @@ class PromiseTable:
     def _close(self, promise: Promise, state: PromiseState, round_id: int, reason: str) -> None:
         assert promise.state is PromiseState.OPEN, f"promise of {promise.producer_rid} already {promise.state}"
         promise.state, promise.closed_round, promise.reason = state, round_id, reason
+        self.version += 1
         remaining = [p for p in self._open.get(promise.producer_rid, ()) if p is not promise]
         if remaining:
             self._open[promise.producer_rid] = remaining

@@ -75,7 +75,7 @@ class SchedulingState:
         self._waiting: list[Any] = []
         # Open promises by sibling key (rebuilt when the table changes): a request is checked only against the
         # promises on its own first tokens, not the whole table, and most requests a pass examines have none.
-        self._heads_version: Optional[tuple[int, int, int, int]] = None
+        self._heads_version: Optional[tuple[int, int]] = None
         self._heads: dict[tuple, list[Promise]] = {}
         self._short_promises: list[Promise] = []  # b < INDEX_PREFIX: no key, checked against every request
 
@@ -109,8 +109,7 @@ class SchedulingState:
 
     # ---- verdicts ----
     def _refresh_heads(self) -> None:
-        c = self.promises.counters
-        version = (id(self.promises), c.registered, c.published, c.cancelled)  # every open/close moves a counter
+        version = (id(self.promises), self.promises.version)
         if version == self._heads_version:
             return
         self._heads_version, self._heads, self._short_promises = version, {}, []
