@@ -21,7 +21,7 @@ class AgentParams:
     capacity: float = 17.0  # m: cache capacity, in trajectories of mean length
     turns: int = 8  # per agent
     system_tokens: int = 200  # shared by every agent
-    first_tokens: int = 300  # private first user message
+    first_tokens: int = 600  # private first user message
     new_tokens: int = 40  # user/tool tokens appended per turn (mean; +/- 25%)
     gen_tokens: int = 8  # generated per turn
     seed: int = 0
@@ -46,12 +46,13 @@ class AgentParams:
         return (self.capacity - self.active) / (self.agents * self.idle_fraction)
 
     def mean_trajectory_tokens(self) -> float:
-        """Mean prompt length over all turns (what `capacity` trajectories are measured in)."""
+        """Mean private history length over all turns (what `capacity` trajectories are measured in)."""
         per_turn = self.new_tokens + self.gen_tokens
-        return self.system_tokens + self.first_tokens + per_turn * (self.turns - 1) / 2
+        return self.first_tokens + per_turn * (self.turns - 1) / 2
 
     def kv_tokens(self) -> int:
-        return int(self.capacity * self.mean_trajectory_tokens())
+        """One shared system prompt + m private histories of mean length."""
+        return int(self.system_tokens + self.capacity * self.mean_trajectory_tokens())
 
 
 @dataclass
