@@ -1,0 +1,73 @@
+"""A short multi-candidate bench on real servers (tiny NemotronH, 3 questions, 2 arms) and the frontend select path:
+summary.json per the contract, report + figures, and `radixflow report` rebuilding the same summary from the files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_radixflow import cli
+from sglang_radixflow.bench.figures import FIG3, FIG4
+from sglang_radixflow.bench.runner import BenchOptions, run_bench
+from sglang_radixflow.bench.workloads import WorkloadParams
+from tests.integration.conftest import MODELS_ROOT
+from tests.unit.bench.test_summary import CONTRACT_ARM_KEYS
+
+WORKLOAD = WorkloadParams(questions=3, stream="reuse", rate=8.0, seed=5)  # 3 questions on one QuALITY-like document
+
+
+def _options(out: Path, arms: tuple[str, ...], path: str = "raw") -> BenchOptions:
+    return BenchOptions(out=out, workload=WORKLOAD, models=("nemotron_h",), arms=arms, budgets=(8, 2048),
+                        kv_tokens=8192, models_root=MODELS_ROOT, quick=True, path=path)
+
+
+@pytest.fixture(scope="module")
+def raw_run(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path]) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "raw"
+    run_bench(_options(out, ("prefix-stop", "radixflow")), log=lambda msg: None)
+    return out
+
+
+def test_raw_bench_summary_report_and_figures(raw_run: Path) -> None:
+    summary = json.loads((raw_run / "summary.json").read_text())
+    assert summary["kind"] == "multi-candidate" and summary["budgets"]["S"] == 8
+    assert 0 < summary["workload"]["ideal_reuse_ratio"] < 1 and summary["workload"]["seed"] == 5
+    assert list(summary["arms"]) == ["nemotron_h/prefix-stop", "nemotron_h/radixflow"]
+    for key, arm in summary["arms"].items():
+        assert set(arm) - {"extra"} == CONTRACT_ARM_KEYS, key
+        assert (arm["requests"], arm["completed"], arm["errors"]) == (12, 12, 0), key
+        assert arm["prefill_rounds"] >= arm["round_lower_bound"] >= 1, key
+        # siblings branch off a shared document: both radixflow-cache arms reuse it from a published state
+        assert arm["reuse_ratio"] > 0.3 and arm["state_ready_hit_tokens"] > 0, key
+        assert arm["token_hit_tokens"] >= arm["state_ready_hit_tokens"], key
+        assert arm["first_token_agreement"] is None  # no sglang arm in this run
+    assert set(summary["cost_identity"]) == {"nemotron_h/radixflow"}
+    for name in (FIG3, FIG4):
+        assert (raw_run / name).read_bytes()[:4] == b"\x89PNG"
+    text = (raw_run / "report.md").read_text()
+    assert "| radixflow | 12 | 12 | 0 |" in text and f"![{FIG3}]({FIG3})" in text
+
+
+def test_report_command_rebuilds_the_same_summary(raw_run: Path) -> None:
+    before = json.loads((raw_run / "summary.json").read_text())
+    for name in ("summary.json", "report.md", FIG3, FIG4):
+        (raw_run / name).unlink()
+    assert cli.main(["report", str(raw_run)]) == 0
+    assert json.loads((raw_run / "summary.json").read_text()) == before
+    assert (raw_run / FIG4).is_file()
+
+
+def test_frontend_select_path(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
+    out = tmp_path / "select"
+    summary = run_bench(_options(out, ("radixflow",), path="select"), log=lambda msg: None)
+    arm = summary["arms"]["nemotron_h/radixflow"]
+    fe = arm["extra"]["frontend"]
+    assert summary["workload"]["path"] == "select" and 0.9 < summary["workload"]["ideal_reuse_ratio"] < 1
+    assert (fe["questions"], fe["errors"], fe["choice_requests"], fe["warmup_requests"]) == (3, 0, 12, 3)
+    assert (arm["requests"], arm["errors"]) == (12, 0)
+    # the choice requests reuse the context the warm-up computed (at least for the siblings of the first choice)
+    assert fe["choice_reuse_ratio"] > 0.5 and fe["choice_requests_fully_cached_context"] >= 9
+    questions = [json.loads(line) for line in (out / "nemotron_h" / "radixflow.questions.jsonl").read_text().splitlines()]
+    assert all(q["decision"] is not None and len(q["choice_cached_tokens"]) == 4 for q in questions)
+    assert "## Frontend path (`select`" in (out / "report.md").read_text()
