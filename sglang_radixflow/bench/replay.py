@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 from sglang_radixflow.bench.fragments import RoundRecord, read_rounds, write_rounds
 from sglang_radixflow.bench.workloads import STREAMS, WorkloadParams, make_workload, shared_prefixes
 from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
+from sglang_radixflow.schedule.prefix_request import split_prefix_rid
 
 REPLAY_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow", "radixflow+frag")
 DEFAULT_INSTANCES: tuple[str, ...] = ("figure1", "mc-mixed", "mc-cold")
@@ -146,6 +147,12 @@ class ArmResult:
         }
 
 
+def prompt_of(prompts: dict[str, Sequence[int]], rid: str) -> Sequence[int]:
+    """A queued request's prompt, or for a prefix request (hybrid producer publishing b) its producer's first b."""
+    split = split_prefix_rid(rid)
+    return prompts[rid] if split is None else prompts[split[0]][: split[1]]
+
+
 def dependency_depth(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[int]]) -> int:
     """Longest chain of fragments, each starting from a prefix an earlier-round fragment computed.
 
@@ -158,10 +165,10 @@ def dependency_depth(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[
     for r in rounds:
         for f in r.fragments:
             p = f.prefix_len
-            prompt = prompts[f.rid]
+            prompt = prompt_of(prompts, f.rid)
             parents = [
                 depth[(rnd, rid)] for rnd, rid, start, end in done
-                if start < p <= end and tuple(prompts[rid][:p]) == tuple(prompt[:p])
+                if start < p <= end and tuple(prompt_of(prompts, rid)[:p]) == tuple(prompt[:p])
             ]
             if p > 0 and not parents:
                 raise AssertionError(f"{f.rid} starts at {p}, which no fragment of an earlier round computed")

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _PrefillAdmission
 
 from sglang_radixflow.cache.tree import token_hit
+from sglang_radixflow.schedule.prefix_request import can_split, make_prefix_request
 from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode, is_cache_only
 from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_FACTOR, SLOT_WAITS
 
@@ -59,6 +60,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
             sched.note_slot_wait(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
+        if self._needs_prefix_request(req, plan, sched):
+            return self._admit_prefix_request(req, plan, sched, has_chunked_req, truncation_align_size)
         self._rf_plan = plan
         try:
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
@@ -68,14 +71,46 @@ class RadixFlowPrefillAdder(PrefillAdder):
             sched.note_admitted(req, plan, token_hit(req))
         return result
 
+    def _needs_prefix_request(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
+        """A no_buffer producer that cannot cut its own chunk at b (the slot is taken) and has siblings waiting."""
+        return (
+            plan is not None
+            and plan.mode is PublishMode.CHUNK_END
+            and plan.siblings > 0
+            and not self._rf_may_chunk
+            and sched.prefix_requests
+            and plan.boundary < len(req.origin_input_ids)
+            and getattr(req, DEFER_COUNT, 0) < sched.config.max_defer_rounds  # past its bound it runs from h
+            and can_split(req)
+        )
+
+    def _admit_prefix_request(self, req: Any, plan: ProducerPlan, sched: Any, has_chunked_req: bool,
+                              truncation_align_size: Optional[int]):
+        """Admit a prefix request for req's first b tokens in req's place; req waits (Blocked on it next round)."""
+        release_staged(req, self.tree_cache)
+        prefix = make_prefix_request(req, plan.boundary)
+        prefix.init_next_round_input(self.tree_cache)
+        result = super().add_one_req(prefix, has_chunked_req, truncation_align_size)
+        if self.can_run_list and self.can_run_list[-1] is prefix:
+            sched.note_admitted(prefix, plan, token_hit(prefix))
+            sched.note_prefix_request(req)
+            return result
+        release_staged(prefix, self.tree_cache)  # not admitted (budget): it never existed
+        return result
+
     def _plan(self, req: Any, sched: Any) -> Optional[ProducerPlan]:
         if is_cache_only(req):
             plan = sched.plan_cache_only(req, token_hit(req))
             if plan is not None:
                 return plan
-        # no_buffer hybrids publish a state at b only by cutting the producer's chunk there, which needs SGLang's
-        # single chunk slot: with the slot taken no promise can be made, so planning would be wasted work.
-        if sched.mode is PublishMode.CHUNK_END and not sched.config.producer_slot_wait and not self._rf_may_chunk:
+        # no_buffer hybrids publish a state at b by cutting the producer's chunk there (SGLang's single chunk slot)
+        # or, with the slot taken, through a prefix request; with neither, planning would be wasted work.
+        if (
+            sched.mode is PublishMode.CHUNK_END
+            and not self._rf_may_chunk
+            and not sched.config.producer_slot_wait
+            and not sched.prefix_requests
+        ):
             return None
         return sched.plan(req, self.can_run_list)
 

@@ -24,6 +24,14 @@ def bind_scheduler(scheduler: Any) -> None:
     ):
         if getattr(scheduler, flag, False):
             sched.disable_traversal(f"--{flag.replace('_', '-')} is on: {why}")
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    if sched.prefix_requests and getattr(scheduler, "disaggregation_mode", DisaggregationMode.NULL) != (
+        DisaggregationMode.NULL
+    ):
+        # A prefix request would be sent to a decode instance like any finished prefill.
+        logger.warning("sglang-radixflow: prefix requests disabled: PD disaggregation is on")
+        sched.prefix_requests = False
     if getattr(scheduler, "prefill_delayer", None) is not None and sched.gate.mode != "native":
         logger.warning("sglang-radixflow: admission hold disabled: SGLang's prefill delayer is on")
         sched.gate.mode = "native"

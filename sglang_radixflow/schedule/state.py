@@ -47,6 +47,7 @@ class PassStats:
     fragment_skips: int = 0
     stopped_on_blocked: bool = False
     producers: int = 0
+    prefix_requests: int = 0
     admitted_rids: list[str] = field(default_factory=list)
     token_hit_sum: int = 0
     state_hit_sum: int = 0
@@ -69,6 +70,7 @@ class SchedulingState:
         self.promises = PromiseTable()
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
+        self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
         self.current: Optional[PassStats] = None
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
         self._index_fresh = False
@@ -157,6 +159,12 @@ class SchedulingState:
         ahead = [p.boundary for p in self.promises.for_producer(str(req.rid)) if p.boundary > int(req.prefix_len)]
         return min(ahead) if ahead else None
 
+    def note_prefix_request(self, req: Any) -> None:
+        """req's prefix runs as a prefix request this round; req itself waits (counted as a deferral)."""
+        assert self.current is not None
+        self.current.prefix_requests += 1
+        setattr(req, DEFER_COUNT, getattr(req, DEFER_COUNT, 0) + 1)
+
     def note_fragment_skip(self, req: Any) -> None:
         setattr(req, FRAG_SKIPS, getattr(req, FRAG_SKIPS, 0) + 1)
         assert self.current is not None
@@ -218,6 +226,7 @@ class SchedulingState:
         return {
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
             "blocked_skips": stats.blocked_skips, "fragment_skips": stats.fragment_skips, "deferred": len(waiting_after), "producers": stats.producers,
+            "prefix_requests": stats.prefix_requests,
             "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
             "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,

@@ -135,3 +135,39 @@ def test_a_budget_chunk_never_displaces_the_producers_chunk() -> None:
     assert second.fragment("c0") == Fragment("c0", len(DOC), TAIL)
     assert second.fragment("long") == Fragment("long", 0, 800)
     h.assert_idle_invariants()
+
+
+def group(name: str, doc: list[int]):  # noqa: ANN201
+    return [make_request(f"{name}{i}", doc + list(range(10 * i, 10 * i + TAIL))) for i in range(4)]
+
+
+def test_hybrid_second_group_publishes_through_a_prefix_request_when_the_chunk_slot_is_taken() -> None:
+    """SGLang tracks one chunked request per pass: the first producer cuts its own chunk at b, the second group's
+    producer publishes b through a prefix request (max_new_tokens = 0, never reported to a client). Both documents
+    are computed once; every consumer, and the second producer itself, starts from b one round later."""
+    doc_b = list(range(3000, 3600))
+    h = harness(HYBRID, "radixflow")
+    a, b = group("a", DOC), group("b", doc_b)
+    h.submit(*a, *b)
+    first, second = h.run_rounds()
+    prefix_rid = f"b0#radixflow-prefix-{len(doc_b)}"
+    assert first.fragments == (Fragment("a0", 0, len(DOC)), Fragment(prefix_rid, 0, len(doc_b)))
+    assert second.fragments == (
+        Fragment("a0", len(DOC), TAIL), *(Fragment(f"a{i}", len(DOC), TAIL) for i in (1, 2, 3)),
+        *(Fragment(f"b{i}", len(doc_b), TAIL) for i in range(4)),
+    )
+    assert [r.cached_tokens for r in a + b] == [0] + [len(DOC)] * 3 + [len(doc_b)] * 4
+    counters = h.cache.rf_sched.promises.counters
+    assert (counters.registered, counters.published, counters.cancelled) == (2, 2, 0)
+    h.assert_idle_invariants()  # the prefix request's row, KV and mamba slot went back like any request's
+
+
+def test_without_prefix_requests_the_second_group_recomputes_its_document() -> None:
+    doc_b = list(range(3000, 3600))
+    h = PassHarness(HYBRID, arm="radixflow", kv_size=8192, mamba_cache_size=64, prefix_requests=False)
+    a, b = group("a", DOC), group("b", doc_b)
+    h.submit(*a, *b)
+    first, _ = h.run_rounds()
+    assert [f.rid for f in first.fragments] == ["a0", "b0", "b1", "b2", "b3"]
+    assert [r.cached_tokens for r in b] == [0, 0, 0, 0]
+    h.assert_idle_invariants()

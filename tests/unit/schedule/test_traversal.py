@@ -123,9 +123,21 @@ def test_identical_decisions_when_replayed(arm: str) -> None:
     assert out[0] == out[1]
 
 
-def test_without_slot_wait_the_second_namespace_runs_natively() -> None:
-    """Default (paper's definitions): tenant-b's siblings are Ready - nothing is being produced for them."""
+def test_the_second_namespace_publishes_through_a_prefix_request() -> None:
+    """The chunk slot is tenant-a's producer's: tenant-b's producer publishes its b through a prefix request (its own
+    namespace), and both tenants' consumers wait for their own producer."""
     h = harness(HYBRID, "radixflow")
+    a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
+    h.submit(a[0], b[0], a[1], b[1])
+    batch = h.run_pass()
+    assert rids(batch) == ["c0", f"c2#radixflow-prefix-{len(DOC)}"]
+    assert batch[1].cache_salt == "tenant-b" and list(batch[1].origin_input_ids) == DOC
+    assert rids(h.waiting) == ["c2", "c1", "c3"]
+
+
+def test_without_prefix_requests_the_second_namespace_runs_natively() -> None:
+    """RADIXFLOW_PREFIX_REQUESTS=0 (paper's definitions): tenant-b's siblings are Ready, nothing is produced for them."""
+    h = PassHarness(HYBRID, arm="radixflow", kv_size=8192, mamba_cache_size=64, prefix_requests=False)
     a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
     h.submit(a[0], b[0], a[1], b[1])
     assert rids(h.run_pass()) == ["c0", "c2", "c3"]
