@@ -152,15 +152,18 @@ def test_round_trace_records_the_producer_round_and_the_consumer_round(
 
 
 def test_namespaces_never_share_a_producer(hybrid_servers: dict[str, SGLangServer]) -> None:
-    """Same document, two cache_salt values: tenant-a's consumer waits for tenant-a's producer; tenant-b's requests
-    are never deferred onto it nor reuse it (SGLang tracks one chunked producer at a time, so by default tenant-b's
-    group runs natively this round)."""
+    """Same document, two cache_salt values: each tenant's consumers wait for their own tenant's producer, never the
+    other's. Tenant-a's producer cuts its chunk at the document end (SGLang's one chunk slot); tenant-b's producer
+    publishes there through a prefix request in its own namespace, whose output never reaches a client. A third
+    tenant reuses neither."""
+    server = hybrid_servers["radixflow"]
     cands, _ = _workload(5)
-    out = _batch(hybrid_servers["radixflow"], [cands[0], cands[2], cands[1], cands[3]],
+    out = _batch(server, [cands[0], cands[2], cands[1], cands[3]],
                  salts=["tenant-a", "tenant-b", "tenant-a", "tenant-b"])
-    assert [o["meta_info"]["cached_tokens"] for o in out] == [0, 0, DOC_LEN, 0]
-    again = _batch(hybrid_servers["radixflow"], [cands[0]], salts=["tenant-c"])
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [0, DOC_LEN, DOC_LEN, DOC_LEN]
+    again = _batch(server, [cands[0]], salts=["tenant-c"])
     assert again[0]["meta_info"]["cached_tokens"] == 0
+    assert "radixflow-prefix" not in server.log_text()  # no output for the prefix request reached the tokenizer
 
 
 @pytest.fixture(scope="module")
