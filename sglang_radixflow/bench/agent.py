@@ -30,6 +30,7 @@ DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 # T-LRU needs its two knobs (SGLang refuses threshold <= next_prompt_estimate): a turn's new tokens are the estimate,
 # and a few turns' worth the threshold.
 TLRU_TURNS = 4
+PREFILL_CHUNK = 128  # --chunked-prefill-size for every policy (see server_args)
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
 
 Log = Callable[[str], None]
@@ -59,11 +60,16 @@ class AgentBenchOptions:
             raise ValueError("need at least one policy and one model")
 
 
-def server_args(policy: str, params: AgentParams) -> list[str]:
+def server_args(policy: str, params: AgentParams, chunk: int = PREFILL_CHUNK) -> list[str]:
+    # A no_buffer hybrid stores a mamba state only where an extend ends (each chunk of a chunked prefill, and the
+    # finish). Whole prompts in one extend would leave the first turn (system + first message, most of a history)
+    # as one stateless span: a hybrid path could then only be kept whole or lost whole there. Chunking every
+    # policy's prefills alike leaves a state every `chunk` tokens.
+    states_per_agent = params.turns + -(-(params.system_tokens + params.first_tokens) // chunk) + 2
     args = ["--radix-eviction-policy", policy, "--max-total-tokens", str(params.kv_tokens()),
-            "--max-running-requests", str(params.active), "--chunked-prefill-size", "4096",
-            # states are not what is scarce here: every turn may keep one (KV capacity m is the constraint)
-            "--max-mamba-cache-size", str(params.agents * params.turns + 64)]
+            "--max-running-requests", str(params.active), "--chunked-prefill-size", str(chunk),
+            # states are not what is scarce here: every chunk / turn may keep one (KV capacity m is the constraint)
+            "--max-mamba-cache-size", str(params.agents * states_per_agent + 64)]
     if policy == "tlru":
         per_turn = params.new_tokens + params.gen_tokens
         args += ["--radix-eviction-policy-config",

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from sglang_radixflow.config import RadixFlowConfig
 
 TRAJ = "radixflow_traj"
+DEPTH = "radixflow_depth"
 FULL = ComponentType.FULL
 MAMBA = ComponentType.MAMBA
 _PRUNE_MIN = 256  # rotation entries before dead trajectories are first swept
@@ -66,11 +67,23 @@ def traj_of(node: "UnifiedTreeNode") -> Optional[str]:
 
 
 def depth_of(node: "UnifiedTreeNode") -> int:
-    """Tokens from the root to the end of `node`."""
+    """Tokens from the root to the end of `node`, cached on the node (FULL metadata[DEPTH]).
+
+    A node's end depth never changes: a split shortens the tail node's key from the front and gives the new prefix
+    node fresh metadata (SGLang 0.5.23 copies none), and the tree never merges. So the walk reads each path once
+    and every later call is O(1) (the rotation asks for it once per candidate per unit)."""
+    chain = []
     depth = 0
     while node is not None and node.key is not None and node.parent is not None:
-        depth += len(node.key)
+        cached = node.component_data[FULL].metadata.get(DEPTH)
+        if cached is not None:
+            depth = cached
+            break
+        chain.append(node)
         node = node.parent
+    for n in reversed(chain):
+        depth += len(n.key)
+        n.component_data[FULL].metadata[DEPTH] = depth
     return depth
 
 

@@ -44,9 +44,9 @@ class CacheDriver:
             assert slot is not None, "test mamba pool exhausted"
             params.mamba_value = slot
         result = self.cache.insert(params)
-        # SGLang's callers free the duplicate part of `value` (already in the tree) themselves.
-        if result.prefix_len > 0:
-            self.allocator.free(value[: result.prefix_len])
+        # SGLang's insert already frees the duplicate part of `value` (the walk's FreeDeviceKV from
+        # params.prev_prefix_len=0 up to the overlap), so freeing it here too would double-free. The forked mamba
+        # slot of an existing state is left to the caller (SGLang frees it in cleanup_after_caching_req).
         if self.hybrid and result.mamba_exist:
             self.pool.mamba_allocator.free(params.mamba_value)
         return result

@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from sglang_radixflow import plugin
 from sglang_radixflow.cache.tree import RadixFlowCache
-from sglang_radixflow.evict.round_robin import RadixFlowRRCache, traj_of
+from sglang_radixflow.evict.round_robin import DEPTH, RadixFlowRRCache, depth_of, traj_of
 from tests.unit.cache.helpers import FULL, HYBRID, CacheDriver, build, tokens
 
 plugin.register_eviction_policy()
@@ -261,6 +261,9 @@ def test_rotation_survives_a_split_inside_a_trajectory_and_joins_new_ones_at_the
     tail = d.cache.tree_core.node_by_id(tail_id)
     assert traj_of(tail) == "path:1" and len(tail.key) == 24
     assert traj_of(tail.parent) is None  # the split's prefix node belongs to nobody yet
+    # end depths are cached on nodes; a split must neither move the tail's end nor hand the prefix the tail's cache
+    assert depth_of(tail) == 64 and depth_of(tail.parent) == 40
+    assert tail.parent.component_data[ComponentType.FULL].metadata[DEPTH] == 40
     assert list(d.cache.rf_rr.rotation) == ["path:1", "path:2", "path:3"]  # the branch joined at the back
     # A's cuts follow the rotation: A (its 24-token tail: one 16 block), B, the branch, A again (the last 8)...
     d.evict(num_tokens=1)
