@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from sglang_radixflow.bench.agent_workload import AgentParams, AgentWorkload, make_agent_workload
+from sglang_radixflow.bench.agent_workload import AgentParams, AgentWorkload, live_counts, make_agent_workload
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import SGLangServer, live_servers
 from sglang_radixflow.models import ensure_model
@@ -30,7 +30,10 @@ DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 # T-LRU needs its two knobs (SGLang refuses threshold <= next_prompt_estimate): a turn's new tokens are the estimate,
 # and a few turns' worth the threshold.
 TLRU_TURNS = 4
-PREFILL_CHUNK = 128  # --chunked-prefill-size for every policy (see server_args)
+# --chunked-prefill-size per model, the same for every policy (see server_args). Only a hybrid needs the states that
+# chunking leaves; on a full-attention model chunks would only add prefill rounds.
+PREFILL_CHUNK = {"nemotron_h": 128}
+DEFAULT_CHUNK = 4096
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
 
 Log = Callable[[str], None]
@@ -60,7 +63,7 @@ class AgentBenchOptions:
             raise ValueError("need at least one policy and one model")
 
 
-def server_args(policy: str, params: AgentParams, chunk: int = PREFILL_CHUNK) -> list[str]:
+def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK) -> list[str]:
     # A no_buffer hybrid stores a mamba state only where an extend ends (each chunk of a chunked prefill, and the
     # finish). Whole prompts in one extend would leave the first turn (system + first message, most of a history)
     # as one stateless span: a hybrid path could then only be kept whole or lost whole there. Chunking every
@@ -114,6 +117,7 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
     history: dict[int, list[int]] = {}  # agent -> prompt + output of its last finished turn
     prev_len: dict[int, int] = {}
     cursor = [0]
+    live = live_counts(w)
     start = time.perf_counter()
 
     def worker() -> None:
@@ -121,7 +125,8 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
             with lock:
                 if cursor[0] >= len(w.schedule):
                     return
-                a, t = w.schedule[cursor[0]]
+                idx = cursor[0]
+                a, t = w.schedule[idx]
                 cursor[0] += 1
             if t > 0:
                 done[(a, t - 1)].wait()
@@ -130,7 +135,7 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
                 prompt = list(agent.first) if t == 0 else history[a] + agent.new[t - 1]
                 reusable = 0 if t == 0 else max(0, prev_len[a] - 1)
             rec: dict[str, Any] = {"agent": a, "turn": t, "prompt_len": len(prompt), "reusable": reusable,
-                                   "sent_s": time.perf_counter() - start}
+                                   "live": live[idx], "sent_s": time.perf_counter() - start}
             try:
                 ttft, latency, last = stream_generate(url, prompt, p.gen_tokens, f"agent-{a}", f"a{a}-t{t}", timeout_s)
                 meta = last.get("meta_info") or {}
@@ -169,7 +174,8 @@ def run_arm(model_path: Path, arch: str, policy: str, w: AgentWorkload, opts: Ag
     if opts.server_threads > 0:
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
     server = SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=arm_dir / "server.log",
-                          extra_args=server_args(policy, w.params) + list(opts.extra_server_args))
+                          extra_args=server_args(policy, w.params, PREFILL_CHUNK.get(arch, DEFAULT_CHUNK))
+                          + list(opts.extra_server_args))
     log(f"  [{arch}/{policy}] starting server")
     with server:
         warm = [5 + i for i in range(64)]
@@ -221,7 +227,19 @@ def arm_summary(arch: str, policy: str, records: Sequence[dict[str, Any]], round
         "missed_tokens_p99": percentile(missed, 99),
         "missed_fraction_mean": mean([r["missed_tokens"] / r["reusable"] for r in ret if r["reusable"]]),
         "return_turns": len(ret),
+        **_steady(ret),
     }
+
+
+def _steady(ret: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The same statistics over return turns dispatched while more than m agents still had turns left: the regime
+    n_a < m < n the analysis assumes. Near the end, finished agents' histories are dead weight that lru evicts first
+    for free while rr cuts them and live agents alike; those turns are outside the regime."""
+    st = [r for r in ret if r.get("in_regime")]
+    ttft = [r["ttft_s"] for r in st]
+    missed = [float(r["missed_tokens"]) for r in st]
+    return {"steady_turns": len(st), "steady_ttft_mean_s": mean(ttft), "steady_ttft_p99_s": percentile(ttft, 99),
+            "steady_missed_mean": mean(missed), "steady_missed_p99": percentile(missed, 99)}
 
 
 def build_summary(out: Path) -> dict[str, Any]:
@@ -237,7 +255,9 @@ def build_summary(out: Path) -> dict[str, Any]:
             first = int(meta.get("first_round", -1))
             rounds = [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
             reqs = [r for r in trace if r.get("kind") == "request" and not str(r.get("rid", "")).startswith("warmup")]
-            arm = arm_summary(arch, policy, read_jsonl(d / "requests.jsonl"), rounds, reqs)
+            cap = float(workload["workload"]["capacity"])
+            recs = [{**r, "in_regime": r.get("live", 0) > cap} for r in read_jsonl(d / "requests.jsonl")]
+            arm = arm_summary(arch, policy, recs, rounds, reqs)
             arm["wall_s"] = meta.get("wall_s")
             arm["idle_leak_reported"] = meta.get("idle_leak_reported")
             arms[f"{arch}/{policy}"] = arm
@@ -255,11 +275,13 @@ def targets(arms: dict[str, Any]) -> dict[str, Any]:
         if policy != "rr" or base is None:
             continue
         rows = {}
-        for name, field in (("missed_p99", "missed_tokens_p99"), ("ttft_p99", "ttft_p99_s"), ("ttft_mean", "ttft_mean_s")):
+        for name, field in (("missed_p99", "missed_tokens_p99"), ("ttft_p99", "ttft_p99_s"), ("ttft_mean", "ttft_mean_s"),
+                            ("steady_missed_p99", "steady_missed_p99"), ("steady_ttft_p99", "steady_ttft_p99_s"),
+                            ("steady_ttft_mean", "steady_ttft_mean_s")):
             num, den = arm.get(field), base.get(field)
             ratio = None if num is None or not den else num / den
-            rows[name] = {"rr": num, "lru": den, "ratio": ratio, "target": TARGETS[name],
-                          "met": ratio is not None and ratio <= TARGETS[name]}
+            rows[name] = {"rr": num, "lru": den, "ratio": ratio, "target": TARGETS[name.removeprefix("steady_")],
+                          "met": ratio is not None and ratio <= TARGETS[name.removeprefix("steady_")]}
         result[arch] = rows
     return result
 
@@ -278,7 +300,9 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{w['gen_tokens']} generated/turn, seed {w['seed']}. Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
-        "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed.", "",
+        "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed. "
+        "steady_*: only return turns dispatched while more than m agents still had turns left (the regime "
+        "n_a < m < n; later, finished agents' dead histories absorb lru's evictions).", "",
     ]
     models = sorted({a["model"] for a in summary["arms"].values()})
     for arch in models:

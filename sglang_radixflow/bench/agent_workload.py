@@ -119,6 +119,17 @@ def make_schedule(params: AgentParams, rng: random.Random) -> list[tuple[int, in
         recent = (recent + [a])[-params.active:]
 
 
+def live_counts(w: AgentWorkload) -> list[int]:
+    """Per dispatch: agents whose last turn has not been dispatched before it (the trajectories still live)."""
+    finished = 0
+    out = []
+    for _, t in w.schedule:
+        out.append(w.params.agents - finished)
+        if t == w.params.turns - 1:
+            finished += 1
+    return out
+
+
 def ideal_reuse_ratio(w: AgentWorkload) -> float:
     """Σ reusable / Σ prompt tokens if nothing were ever evicted (the system prompt counted once, on its first use)."""
     p = w.params
