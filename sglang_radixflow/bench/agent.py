@@ -6,7 +6,8 @@ capacity, the same build), a warm-up, the seeded agent workload (bench/agent_wor
 to the first chunk), SGLang's cached_tokens, and missed tokens = tokens of the agent's own earlier turns recomputed
 instead of reused (prompt_{t-1} + output_{t-1} - 1, minus what was cached, floored at 0; the last generated token never
 has KV). Statistics are over return turns (t >= 1): the first turn is cold for every policy.
-Requests carry `session_id = agent-<i>`, which RR-Evict uses as the trajectory identity.
+Requests carry `session_id = s<seed>-agent-<i>`, which RR-Evict uses as the trajectory identity. Several seeded
+schedules run back to back on one server (cache flushed in between) and the statistics pool them.
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 # T-LRU needs its two knobs (SGLang refuses threshold <= next_prompt_estimate): a turn's new tokens are the estimate,
 # and a few turns' worth the threshold.
 TLRU_TURNS = 4
-# --chunked-prefill-size per model, the same for every policy (see server_args). Only a hybrid needs the states that
-# chunking leaves; on a full-attention model chunks would only add prefill rounds.
-PREFILL_CHUNK = {"nemotron_h": 128}
+# --chunked-prefill-size, the same for every policy (see server_args). Only a hybrid needs the states that chunking
+# leaves; on a full-attention model chunks would only add prefill rounds.
+HYBRID_ARCHS = ("nemotron_h",)
+HYBRID_CHUNK = 128
 DEFAULT_CHUNK = 4096
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
 
@@ -51,6 +53,10 @@ class AgentBenchOptions:
     policies: tuple[str, ...] = POLICIES
     models_root: Path = Path("runs/models")
     rr_block: int = 16
+    hybrid_chunk: int = HYBRID_CHUNK  # --chunked-prefill-size on hybrid models (a state every chunk)
+    # schedules (params.seed, +1, ...) run back to back on each server, the cache flushed in between: one seeded
+    # schedule makes lru's mean a lottery (its misses are few and whole), so statistics pool several
+    seeds: int = 1
     request_timeout_s: float = 600.0
     server_threads: int = 1  # OMP_NUM_THREADS per server (see bench/runner.py)
     extra_server_args: tuple[str, ...] = ()
@@ -61,6 +67,11 @@ class AgentBenchOptions:
             raise ValueError(f"unknown policy(ies) {', '.join(bad)}; allowed: {', '.join(POLICIES)}")
         if not self.policies or not self.models:
             raise ValueError("need at least one policy and one model")
+        if self.seeds < 1:
+            raise ValueError(f"seeds={self.seeds} must be >= 1")
+
+    def workloads(self) -> list[AgentWorkload]:
+        return [make_agent_workload(replace(self.params, seed=self.params.seed + i)) for i in range(self.seeds)]
 
 
 def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK) -> list[str]:
@@ -137,7 +148,8 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
             rec: dict[str, Any] = {"agent": a, "turn": t, "prompt_len": len(prompt), "reusable": reusable,
                                    "live": live[idx], "sent_s": time.perf_counter() - start}
             try:
-                ttft, latency, last = stream_generate(url, prompt, p.gen_tokens, f"agent-{a}", f"a{a}-t{t}", timeout_s)
+                ttft, latency, last = stream_generate(url, prompt, p.gen_tokens, f"s{p.seed}-agent-{a}",
+                                                      f"s{p.seed}-a{a}-t{t}", timeout_s)
                 meta = last.get("meta_info") or {}
                 out = [int(x) for x in last.get("output_ids") or []]
                 cached = int(meta.get("cached_tokens", 0))
@@ -165,7 +177,8 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
     return sorted(records, key=lambda r: r["sent_s"])
 
 
-def run_arm(model_path: Path, arch: str, policy: str, w: AgentWorkload, opts: AgentBenchOptions, log: Log) -> None:
+def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentWorkload], opts: AgentBenchOptions,
+            log: Log) -> None:
     arm_dir = opts.out / arch / policy
     arm_dir.mkdir(parents=True, exist_ok=True)
     trace = (arm_dir / "trace.jsonl").resolve()
@@ -174,7 +187,7 @@ def run_arm(model_path: Path, arch: str, policy: str, w: AgentWorkload, opts: Ag
     if opts.server_threads > 0:
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
     server = SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=arm_dir / "server.log",
-                          extra_args=server_args(policy, w.params, PREFILL_CHUNK.get(arch, DEFAULT_CHUNK))
+                          extra_args=server_args(policy, workloads[0].params, opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK)
                           + list(opts.extra_server_args))
     log(f"  [{arch}/{policy}] starting server")
     with server:
@@ -182,7 +195,11 @@ def run_arm(model_path: Path, arch: str, policy: str, w: AgentWorkload, opts: Ag
         stream_generate(server.url, warm, 2, "warmup", "warmup", opts.request_timeout_s)
         first_round = _last_round(trace)
         t0 = time.perf_counter()
-        records = drive(server.url, w, opts.request_timeout_s, log)
+        records: list[dict[str, Any]] = []
+        for i, w in enumerate(workloads):
+            if i:  # each schedule starts from an empty cache (and RR-Evict from an empty rotation)
+                server.get("/flush_cache?timeout=30")
+            records += [{**r, "seed": w.params.seed} for r in drive(server.url, w, opts.request_timeout_s, log)]
         wall = time.perf_counter() - t0
         time.sleep(1.0)  # let the idle memory check run once
         leak = "memory leak detected" in server.log_text()
@@ -297,7 +314,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"n = {w['agents']} agents, n_a = {w['active']} active, m = {w['capacity']} trajectories of cache "
         f"({w['kv_tokens']} KV tokens), s = {w['idle_fraction_s']:.2f}, {w['turns']} turns per agent, "
         f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
-        f"{w['gen_tokens']} generated/turn, seed {w['seed']}. Ideal RR: every idle trajectory keeps "
+        f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled). Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
         "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed. "
@@ -375,14 +392,15 @@ def write_report(out: Path) -> dict[str, Any]:
 
 def run(opts: AgentBenchOptions, log: Log = _print) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
-    w = make_agent_workload(opts.params)
+    workloads = opts.workloads()
     (opts.out / "workload.json").write_text(json.dumps(
-        {"workload": {**w.describe(), "rr_block": opts.rr_block}, "models": list(opts.models),
-         "policies": list(opts.policies)}, indent=1))
+        {"workload": {**workloads[0].describe(), "rr_block": opts.rr_block, "hybrid_chunk": opts.hybrid_chunk,
+                      "seeds": [w.params.seed for w in workloads]},
+         "models": list(opts.models), "policies": list(opts.policies)}, indent=1))
     for arch in opts.models:
         model_path = ensure_model(arch, opts.models_root)
         for policy in opts.policies:
-            run_arm(model_path, arch, policy, w, opts, log)
+            run_arm(model_path, arch, policy, workloads, opts, log)
             assert not live_servers(), live_servers()
     return write_report(opts.out)
 
@@ -402,8 +420,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--active", type=int, default=None, help=f"n_a (default {d.active})")
     p.add_argument("--capacity", type=float, default=None, help=f"m, in trajectories (default {d.capacity})")
     p.add_argument("--turns", type=int, default=None, help=f"turns per agent (default {d.turns})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="first schedule seed")
+    p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
     p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
+    p.add_argument("--hybrid-chunk", type=int, default=HYBRID_CHUNK,
+                   help="--chunked-prefill-size on hybrid models, every policy (a no_buffer hybrid keeps a state per chunk)")
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 
@@ -418,7 +439,7 @@ def main(args: argparse.Namespace) -> int:
         opts = AgentBenchOptions(
             out=out, params=params, models=tuple(m for m in args.models.split(",") if m),
             policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
-            rr_block=args.rr_block)
+            rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, seeds=args.seeds)
         summary = run(opts)
     print((out / "report.md").read_text())
     return 1 if any(a["errors"] for a in summary["arms"].values()) else 0

@@ -4,7 +4,10 @@ Each agent: a shared system prompt + a private first message, then every turn ap
 history (prompt_t = prompt_{t-1} + output_{t-1} + new_t) and generates a few tokens. At most n_a agents run a turn at
 any moment; the rest are idle ("tool / think" time), so the idle fraction is s = 1 - n_a/n. Who runs next is a fixed
 seeded schedule (the same for every policy): an agent never re-enters within n_a dispatches of its last turn.
-Cache capacity is sized in trajectories: m of them at their mean length (n_a < m < n), so eviction is steady.
+Cache capacity is sized in trajectories: m of them at their final length (n_a < m < n). Histories grow every turn,
+so the capacity in trajectories m(t) = C / L(t) falls over the run; sizing at the final length keeps m(t) >= m, the
+regime the analysis states (sizing at the mean length, as before, ended the run at m(t) ~ 0.68 m: most eviction
+happened well below the stated m).
 Token ids are generated locally (no tokenizer, no data set).
 """
 from __future__ import annotations
@@ -50,9 +53,13 @@ class AgentParams:
         per_turn = self.new_tokens + self.gen_tokens
         return self.first_tokens + per_turn * (self.turns - 1) / 2
 
+    def final_trajectory_tokens(self) -> int:
+        """Private history length after the last turn (first message + every turn's new and generated tokens)."""
+        return self.first_tokens + self.gen_tokens + (self.new_tokens + self.gen_tokens) * (self.turns - 1)
+
     def kv_tokens(self) -> int:
-        """One shared system prompt + m private histories of mean length."""
-        return int(self.system_tokens + self.capacity * self.mean_trajectory_tokens())
+        """One shared system prompt + m private histories of final length (so m(t) >= m all run long)."""
+        return int(self.system_tokens + self.capacity * self.final_trajectory_tokens())
 
 
 @dataclass
@@ -74,7 +81,8 @@ class AgentWorkload:
             **{k: v for k, v in asdict(p).items() if k != "vocab"}, "vocab": list(p.vocab),
             "idle_fraction_s": p.idle_fraction, "ideal_retained_h": p.ideal_retained,
             "ideal_missed_fraction_q": 1.0 - p.ideal_retained, "kv_tokens": p.kv_tokens(),
-            "mean_trajectory_tokens": p.mean_trajectory_tokens(), "requests": len(self.schedule),
+            "mean_trajectory_tokens": p.mean_trajectory_tokens(),
+            "final_trajectory_tokens": p.final_trajectory_tokens(), "requests": len(self.schedule),
             # every agent's own history is reusable on every return turn; only the new tokens must be computed
             "ideal_reuse_ratio": ideal_reuse_ratio(self),
         }

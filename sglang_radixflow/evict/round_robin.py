@@ -373,6 +373,13 @@ class RadixFlowRRCache(RadixFlowCache):
         self.rf_rr.block = RoundRobinEvictor.check_block(config.rr_block_tokens, self.rf_rr.page_size)
         self.rf_rr.order = RoundRobinEvictor.check_order(config.rr_order)
 
+    def reset(self) -> None:
+        """SGLang's flush_cache empties the tree: forget the rotation and every trajectory's peak with it, or a
+        reused session id would be measured against the peak of a history that is gone."""
+        super().reset()
+        ev = self.rf_rr
+        self.rf_rr = RoundRobinEvictor(ev.block, ev.page_size, ev.order)
+
     def checkpoint_into_tree(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
         node_id = getattr(req, "last_node", None)
