@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sglang_radixflow.bench import agent
-from sglang_radixflow.bench.agent_workload import AgentParams, make_agent_workload
+from sglang_radixflow.bench.agent_workload import AgentParams, live_counts, make_agent_workload
 from sglang_radixflow.bench.report import write_jsonl
 
 CONTRACT_KEYS = {
@@ -51,6 +51,11 @@ def test_tlru_gets_valid_knobs_and_every_policy_the_same_capacity() -> None:
     assert len(set(kv.values())) == 1
     cfg = json.loads(args["tlru"][args["tlru"].index("--radix-eviction-policy-config") + 1])
     assert cfg["threshold"] > cfg["next_prompt_estimate"] > 0
+    # a hybrid's prefills are chunked (a state per chunk) and the mamba pool holds every chunk's and turn's state
+    hy = agent.server_args("rr", p, agent.HYBRID_CHUNK)
+    assert hy[hy.index("--chunked-prefill-size") + 1] == str(agent.HYBRID_CHUNK)
+    chunks = -(-(p.system_tokens + p.first_tokens) // agent.HYBRID_CHUNK)
+    assert int(hy[hy.index("--max-mamba-cache-size") + 1]) >= p.agents * (p.turns + chunks)
 
 
 def _records(policy: str) -> list[dict]:
@@ -84,3 +89,30 @@ def test_summary_contract_targets_and_report_from_saved_records(tmp_path: Path) 
     assert "| rr | " in report and "| missed_p99 |" in report
     assert (tmp_path / "agent_distributions.png").stat().st_size > 0
     assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(summary))
+
+
+def test_capacity_holds_m_final_histories_and_live_counts_follow_the_schedule() -> None:
+    p = AgentParams()
+    w = make_agent_workload(p)
+    final = [len(a.first) - p.system_tokens + p.gen_tokens + sum(len(n) + p.gen_tokens for n in a.new)
+             for a in w.agents]
+    # m(t) = C / L(t) never drops below m: the cache holds m histories of (about) their final length
+    assert p.kv_tokens() == int(p.system_tokens + p.capacity * p.final_trajectory_tokens())
+    assert abs(sum(final) / len(final) - p.final_trajectory_tokens()) < 0.05 * p.final_trajectory_tokens()
+    live = live_counts(w)
+    assert live[0] == p.agents and len(live) == len(w.schedule)
+    assert all(b <= a for a, b in zip(live, live[1:]))  # agents only ever finish
+    last_dispatch = {a: i for i, (a, _) in enumerate(w.schedule)}  # each agent's final turn
+    for i in (0, len(w.schedule) // 2, len(w.schedule) - 1):
+        assert live[i] == p.agents - sum(1 for j in last_dispatch.values() if j < i)
+
+
+def test_seeds_pool_distinct_schedules_and_steady_stats_keep_only_in_regime_turns(tmp_path: Path) -> None:
+    opts = agent.AgentBenchOptions(out=tmp_path, params=AgentParams(**agent.QUICK), seeds=3)
+    ws = opts.workloads()
+    assert [w.params.seed for w in ws] == [0, 1, 2] and ws[0].schedule != ws[1].schedule
+    with pytest.raises(ValueError, match="seeds=0"):
+        agent.AgentBenchOptions(out=tmp_path, params=AgentParams(), seeds=0)
+    recs = [{**r, "in_regime": r["agent"] != 0} for r in _records("lru")]  # agent 0's whole misses fall outside
+    arm = agent.arm_summary("qwen3", "lru", recs, [], [])
+    assert arm["steady_turns"] == 6 and arm["steady_missed_p99"] == 30.0 and arm["missed_tokens_p99"] > 250

@@ -364,3 +364,17 @@ def test_rr_cache_refuses_another_policy_and_bad_settings():
         RoundRobinEvictor(12, 8)
     with pytest.raises(ValueError, match="RADIXFLOW_RR_ORDER='lifo' is invalid; allowed: share, cursor"):
         RoundRobinEvictor(16, 1, "lifo")
+
+
+def test_flush_forgets_rotation_and_peaks_but_keeps_settings():
+    d = rr_driver(FULL, block=16, order="cursor", kv_size=1024)
+    a = tokens(1000, 64)
+    extend(d, a, 0, 64)
+    assert d.cache.rf_rr.peak == {"path:1": 64}
+    d.cache.reset()  # what SGLang's /flush_cache runs
+    ev = d.cache.rf_rr
+    assert not ev.rotation and not ev.peak and (ev.block, ev.order) == (16, "cursor")
+    extend(d, a[:32], 0, 32)  # a shorter history under a reused identity is measured against itself, not the old peak
+    assert ev.peak == {"path:1": 32}
+    assert d.evict(num_tokens=1).num_tokens_evicted == 16 and d.match(a).device_prefix_len == 16
+    d.cache.sanity_check()
