@@ -35,19 +35,22 @@ def _num(x: Any, fmt: str) -> str:
 
 def format_table(summary: dict[str, Any]) -> str:
     head = (f"{'model / arm':<24} {'rounds':>6} {'rows/round':>10} {'latency s':>9} {'p95 s':>7} {'reuse':>7} "
-            f"{'Σĥ token hits':>13} {'Σh state-ready':>14}")
+            f"{'computed':>8} {'Σĥ token hits':>13} {'Σh state-ready':>14}")
     lines = [head, "-" * len(head)]
     for key, a in summary["arms"].items():
         reuse = _num(a["reuse_ratio"] and 100 * a["reuse_ratio"], "{:.1f}%")
+        computed = a.get("extra", {}).get("computed_reuse_ratio")
+        computed = _num(computed and 100 * computed, "{:.1f}%")
         lines.append(
             f"{key:<24} {a['prefill_rounds']:>6} {_num(a['rows_per_round'], '{:.2f}'):>10} "
-            f"{_num(a['latency_mean_s'], '{:.3f}'):>9} {_num(a['latency_p95_s'], '{:.3f}'):>7} {reuse:>7} "
+            f"{_num(a['latency_mean_s'], '{:.3f}'):>9} {_num(a['latency_p95_s'], '{:.3f}'):>7} {reuse:>7} {computed:>8} "
             f"{_num(a['token_hit_tokens'], '{}'):>13} {_num(a['state_ready_hit_tokens'], '{}'):>14}"
         )
     w = summary["workload"]
     lines.append(f"(ideal reuse of this workload: {100 * w['ideal_reuse_ratio']:.1f}%; S, T = "
                  f"{summary['budgets']['S']}, {summary['budgets']['T']}; ĥ/h come from the radixflow trace, so "
-                 "the sglang arm has none)")
+                 "the sglang arm has none; reuse = clients' Σ cached / Σ prompt, computed = 1 − the server's new "
+                 "tokens / Σ prompt, which also charges radixflow's prefix requests)")
     return "\n".join(lines)
 
 
