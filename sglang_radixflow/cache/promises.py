@@ -30,10 +30,14 @@ class Promise:
     state: PromiseState = PromiseState.OPEN
     closed_round: Optional[int] = None
     reason: str = ""
+    # Full attention: the producer's KV serves every prefix of the promised one, so a request sharing only part of
+    # it (another question on the same document) is served up to what it shares. Hybrids publish one state, at b.
+    partial: bool = False
 
     def __post_init__(self) -> None:
         self.tokens = as_tokens(self.tokens)
         assert len(self.tokens) == self.boundary > 0, (len(self.tokens), self.boundary)
+        self._bytes = self.tokens.tobytes() if self.partial else b""
 
     def covers(self, namespace: Hashable, tokens: Sequence[int]) -> bool:
         """Whether `tokens` (same namespace) starts with the promised prefix."""
@@ -42,6 +46,15 @@ class Promise:
             and len(tokens) >= self.boundary
             and as_tokens(tokens[: self.boundary]) == self.tokens
         )
+
+    def serves(self, namespace: Hashable, tokens: Sequence[int]) -> int:
+        """How much of `tokens` this promise will publish: b if they start with the whole prefix, for a partial
+        (full-attention) promise the shared part; 0 if nothing."""
+        if namespace != self.namespace:
+            return 0
+        if self.partial:
+            return common_prefix_with(self._bytes, tokens)
+        return self.boundary if self.covers(namespace, tokens) else 0
 
 
 @dataclass
@@ -72,9 +85,10 @@ class PromiseTable:
         return set(self._open)
 
     def register(
-        self, namespace: Hashable, tokens: Sequence[int], boundary: int, producer_rid: str, round_id: int
+        self, namespace: Hashable, tokens: Sequence[int], boundary: int, producer_rid: str, round_id: int,
+        partial: bool = False,
     ) -> Promise:
-        promise = Promise(namespace, tokens, boundary, producer_rid, round_id)
+        promise = Promise(namespace, tokens, boundary, producer_rid, round_id, partial=partial)
         self._open.setdefault(producer_rid, []).append(promise)
         self.counters.registered += 1
         self.version += 1
@@ -108,17 +122,20 @@ class PromiseTable:
         self, namespace: Hashable, tokens: Sequence[int], state_hit: int, key_limit: int, min_gain: int,
         exclude_rid: Optional[str] = None, candidates: Optional[Iterable[Promise]] = None,
     ) -> Optional[Promise]:
-        """The deepest open promise this request should wait for: state_hit + min_gain <= b <= key_limit and the
-        request's tokens start with the promised prefix. `candidates`: a subset of the open promises known to hold
+        """The open promise that will publish the most of this request's prefix, if that reaches state_hit +
+        min_gain within key_limit: the request starts with the whole promised prefix (b <= key_limit), or, for a
+        full-attention promise, shares part of it. `candidates`: a subset of the open promises known to hold
         every one that could match (the caller's index), checked instead of the whole table."""
         best: Optional[Promise] = None
+        best_served = 0
         for promise in self.open_promises() if candidates is None else candidates:
-            if promise.producer_rid == exclude_rid:
+            if promise.producer_rid == exclude_rid or promise.boundary <= best_served:
                 continue
-            if not (state_hit + min_gain <= promise.boundary <= key_limit):
+            if state_hit + min_gain > promise.boundary:
                 continue
-            if (best is None or promise.boundary > best.boundary) and promise.covers(namespace, tokens):
-                best = promise
+            served = min(promise.serves(namespace, tokens), key_limit)
+            if served >= state_hit + min_gain and (promise.partial or served == promise.boundary):
+                best, best_served = promise, served
         return best
 
     def _close(self, promise: Promise, state: PromiseState, round_id: int, reason: str) -> None:

@@ -129,7 +129,9 @@ class RadixFlowPrefillAdder(PrefillAdder):
     def add_chunked_req(self, req: Any):
         """A producer whose first chunk stopped short of its boundary (token budget) continues with a chunk cut at
         b, so that its state lands exactly there."""
-        cut = self.tree_cache.rf_sched.pending_boundary(req)
+        sched = self.tree_cache.rf_sched
+        # Full attention needs no cut: its KV is usable at any length once in the tree.
+        cut = sched.pending_boundary(req) if sched.mode is not PublishMode.KV else None
         if cut is not None:
             limit = cut - int(req.prefix_len)
             self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)

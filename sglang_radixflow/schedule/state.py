@@ -210,7 +210,10 @@ class SchedulingState:
             req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
         tokens = request_tokens(req)
         for boundary in (plan.boundary, *plan.later):
-            self.promises.register(namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id)
+            self.promises.register(
+                namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id,
+                partial=plan.mode is PublishMode.KV,
+            )
         self.current.producers += 1
 
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]

@@ -171,3 +171,19 @@ def test_without_prefix_requests_the_second_group_recomputes_its_document() -> N
     assert [f.rid for f in first.fragments] == ["a0", "b0", "b1", "b2", "b3"]
     assert [r.cached_tokens for r in b] == [0, 0, 0, 0]
     h.assert_idle_invariants()
+
+
+def test_full_attention_a_request_sharing_part_of_the_promise_waits_for_it() -> None:
+    """The producer's boundary serves its two closest siblings (document + question, 900 tokens); a third request
+    shares only the document (another question). Its KV will be in the tree after the producer's round as well, so
+    it waits one round and reuses the document instead of recomputing it alongside the producer."""
+    question = list(range(8000, 8300))
+    close = [make_request(f"q1-{i}", DOC + question + [100 + i] * 5) for i in range(3)]
+    other_question = make_request("q2", DOC + list(range(9000, 9020)))
+    h = harness(FULL, "radixflow")
+    h.submit(*close, other_question)
+    first, second = h.run_rounds()
+    assert first.rids == ["q1-0"]
+    assert sorted(second.rids) == ["q1-1", "q1-2", "q2"]
+    assert [r.cached_tokens for r in (*close, other_question)] == [0, 900, 900, len(DOC)]
+    h.assert_idle_invariants()
