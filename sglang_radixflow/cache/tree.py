@@ -78,12 +78,14 @@ class RadixFlowCache(UnifiedRadixCache):
         self.rf_sched = SchedulingState(config, mode, chunk, state_ready_len=self.state_ready_len, trace=self.rf_trace)
 
     def state_ready_len(self, namespace: Any, tokens: Any) -> int:
-        """Deepest node boundary on `tokens`' path where every component is present and published. Read-only:
+        """Deepest position on `tokens`' path where every component is present and published (a node boundary, or
+        on full-attention caches any position inside a published node). Read-only:
         unlike match_prefix it splits no node and refreshes no LRU (so classifying never changes the tree)."""
         extra_key, cache_salt = namespace
         key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt).page_aligned(self.page_size)
         core = self.tree_core
         validators = core._create_match_validators(None, match_device_only=True)
+        kv_only = ComponentType.MAMBA not in self.components
         node, offset, ready = core.root_node, 0, 0
         while offset < len(key):
             child = node.children.get(key.child_key_at(offset, core.page_size))
@@ -91,7 +93,11 @@ class RadixFlowCache(UnifiedRadixCache):
                 break
             matched = child.key.match_at(key, offset, page_size=core.page_size)
             if matched < len(child.key):
-                break  # the path continues inside this node: no boundary (and no state) there
+                # The path continues inside this node. Full-attention KV is usable at any length (SGLang splits the
+                # node on a match); a state exists only at a node's end.
+                if kv_only and matched and all(valid(child) for valid in validators):
+                    ready = offset + matched
+                break
             node, offset = child, offset + matched
             if all(valid(node) for valid in validators):
                 ready = offset

@@ -187,3 +187,14 @@ def test_full_attention_a_request_sharing_part_of_the_promise_waits_for_it() -> 
     assert sorted(second.rids) == ["q1-1", "q1-2", "q2"]
     assert [r.cached_tokens for r in (*close, other_question)] == [0, 900, 900, len(DOC)]
     h.assert_idle_invariants()
+
+
+def test_full_attention_promise_is_published_when_the_producers_kv_lands() -> None:
+    """The producer's KV enters the tree as one node running past b: the promise counts as published (a full-attention
+    prefix is usable inside a node), not as cancelled."""
+    h = harness(FULL, "radixflow")
+    h.submit(*candidates())
+    h.run_rounds()
+    counters = h.cache.rf_sched.promises.counters
+    assert (counters.registered, counters.published, counters.cancelled) == (1, 1, 0)
+    h.assert_idle_invariants()
