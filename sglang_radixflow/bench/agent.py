@@ -312,7 +312,8 @@ def format_report(summary: dict[str, Any]) -> str:
         f"n = {w['agents']} agents, n_a = {w['active']} active, m = {w['capacity']} trajectories of cache "
         f"({w['kv_tokens']} KV tokens), s = {w['idle_fraction_s']:.2f}, {w['turns']} turns per agent, "
         f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
-        f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled). Ideal RR: every idle trajectory keeps "
+        f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled). "
+        f"Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
         "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed. "
@@ -423,7 +424,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
     p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
     p.add_argument("--hybrid-chunk", type=int, default=HYBRID_CHUNK,
-                   help="--chunked-prefill-size on hybrid models, every policy (a no_buffer hybrid keeps a state per chunk)")
+                   help="--chunked-prefill-size on hybrid models, for every policy "
+                        "(a no_buffer hybrid keeps a state per chunk)")
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 
