@@ -19,9 +19,10 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from sglang_radixflow.bench.agent_workload import AgentParams, AgentWorkload, live_counts, make_agent_workload
+from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import SGLangServer, live_servers
 from sglang_radixflow.models import ensure_model
@@ -37,13 +38,6 @@ HYBRID_ARCHS = ("nemotron_h",)
 HYBRID_CHUNK = 128
 DEFAULT_CHUNK = 4096
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
-
-Log = Callable[[str], None]
-
-
-def _print(msg: str) -> None:
-    print(msg, flush=True)
-
 
 @dataclass(frozen=True)
 class AgentBenchOptions:
@@ -390,7 +384,7 @@ def write_report(out: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- CLI
 
-def run(opts: AgentBenchOptions, log: Log = _print) -> dict[str, Any]:
+def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
     workloads = opts.workloads()
     (opts.out / "workload.json").write_text(json.dumps(

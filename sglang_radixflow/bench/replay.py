@@ -16,8 +16,9 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
+from sglang_radixflow.bench.progress import Log
 from sglang_radixflow.bench.fragments import RoundRecord, read_rounds, write_rounds
 from sglang_radixflow.bench.workloads import STREAMS, WorkloadParams, make_workload, shared_prefixes
 from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
@@ -27,7 +28,6 @@ REPLAY_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow", "radixflow
 DEFAULT_INSTANCES: tuple[str, ...] = ("figure1", "mc-mixed", "mc-cold")
 TARGET_RATIO = 1.05  # radixflow rounds <= 1.05 x lower bound (issue 4)
 
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from sglang_radixflow.bench.client import OpenLoopClient, RequestRecord, post_ge
 from sglang_radixflow.bench.frontend import (
     PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
 )
+from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import SGLangServer, live_servers
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
@@ -32,13 +33,6 @@ DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 # S mirrors the paper's Nemotron S = 16; T is its 8192 scaled like the QuALITY documents (x 0.25).
 QUICK_BUDGETS: tuple[int, int] = (16, 2048)
 CALIBRATION_GRID: tuple[tuple[int, int], ...] = ((8, 2048), (16, 2048), (16, 4096), (32, 4096))
-
-Log = Callable[[str], None]
-
-
-def _print(msg: str) -> None:
-    print(msg, flush=True)
-
 
 @dataclass(frozen=True)
 class BenchOptions:
@@ -128,7 +122,7 @@ SETTLE_S = 1.0  # SGLang writes a batch's log line after streaming its outputs: 
 
 
 def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request], S: int, T: int, opts: BenchOptions,
-            out_dir: Path, log: Log = _print, traced: bool = True,
+            out_dir: Path, log: Log = print_progress, traced: bool = True,
             questions: Optional[Sequence[TextQuestion]] = None) -> list[dict[str, Any]]:
     """One fresh server, warm-up, the workload, stop. Writes <arm>.{server.log,trace.jsonl,requests.jsonl,run.json}
     (+ <arm>.questions.jsonl on a frontend path, where `questions` are the programs' inputs)."""
@@ -181,7 +175,7 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
     return records
 
 
-def calibrate(opts: BenchOptions, log: Log = _print) -> dict[str, Any]:
+def calibrate(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     """S, T for the `sglang` arm on a held-out slice: the grid point with the lowest mean latency (ties: fewer
     prefill rounds, then the smaller budgets). Done once, on the first model; the result is frozen for all arms."""
     model = opts.models[0]
@@ -231,7 +225,7 @@ def code_version() -> dict[str, Any]:
     return {"git_head": head or None, "git_dirty": bool(dirty) if head else None}
 
 
-def run_bench(opts: BenchOptions, log: Log = _print) -> dict[str, Any]:
+def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     workload = make_workload(opts.workload)

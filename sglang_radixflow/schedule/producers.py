@@ -89,14 +89,13 @@ class SiblingIndex:
 
     def __init__(self, waiting: Iterable[Any] = ()) -> None:
         self._members: dict[int, Any] = {}
-        self._ids: set[int] = set()
         self._key_of: dict[int, Optional[tuple]] = {}
         self._groups: dict[tuple, dict[int, Any]] = {}
         self.refresh(list(waiting))
 
     def refresh(self, waiting: Sequence[Any]) -> None:
         ids = set(map(id, waiting))
-        if ids == self._ids:
+        if self._members.keys() == ids:  # a keys view compares as a set, in C
             return
         now = dict(zip(map(id, waiting), waiting))
         old = self._members
@@ -111,7 +110,7 @@ class SiblingIndex:
             key = self._key_of[rid] = sibling_key(now[rid])
             if key is not None:
                 self._groups.setdefault(key, {})[rid] = now[rid]
-        self._members, self._ids = now, ids
+        self._members = now
 
     def siblings(self, req: Any, tokens: Sequence[int]) -> list[Any]:
         key = sibling_key(req)
@@ -154,8 +153,7 @@ def plan_cache_only(
     if mode is PublishMode.TRACK:  # one tracked state per extend, on the cache-chunk grid counted from the prefix
         last = state_hit + (last - state_hit) // cache_chunk * cache_chunk
         return ProducerPlan(last, mode, 0) if last >= state_hit + min_gain else None
-    cuts = [b for b in (token_hit, last) if b >= state_hit + min_gain]
-    cuts = sorted(set(b for b in cuts if b <= last))
+    cuts = sorted({b for b in (token_hit, last) if state_hit + min_gain <= b <= last})
     if not cuts:
         return None
     return ProducerPlan(cuts[0], mode, 0, tuple(cuts[1:]))
