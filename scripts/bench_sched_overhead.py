@@ -90,8 +90,10 @@ def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
     for req in queue:  # arrived a while ago: a flex gate releases on its deadline
         req.time_stats.wait_queue_entry_time -= 1.0
     if variant != "native" and steady:
-        # What the previous pass left indexed: this queue plus the requests it admitted (they left since).
-        h.cache.rf_sched.index_waiting(make_queue(S // 2, seed=1) + queue)
+        # What the previous pass left indexed: this queue plus the requests it admitted, which then left.
+        previous = make_queue(S // 2, seed=1)
+        h.cache.rf_sched.index_waiting(previous + queue)
+        h.cache.rf_sched.note_queue_after_pass(previous, queue)
     return h
 
 
@@ -194,6 +196,9 @@ OWN_CODE: tuple[tuple[str, Optional[str], str], ...] = (
     ("sglang_radixflow.schedule.binding", None, "budgets"),
     ("sglang_radixflow.schedule.state", "SchedulingState", "begin_pass"),
     ("sglang_radixflow.schedule.state", "SchedulingState", "end_pass"),
+    ("sglang_radixflow.schedule.state", "SchedulingState", "note_queue_after_pass"),
+    ("sglang_radixflow.schedule.scan_queue", None, "install"),
+    ("sglang_radixflow.schedule.scan_queue", None, "uninstall"),
     ("sglang_radixflow.schedule.state", "SchedulingState", "blocking_promise"),
     ("sglang_radixflow.schedule.state", "SchedulingState", "note_blocked"),
     ("sglang_radixflow.schedule.state", "SchedulingState", "plan"),

@@ -66,10 +66,16 @@ class PromiseCounters:
 
 
 class PromiseTable:
-    def __init__(self) -> None:
+    def __init__(self, head_len: int = 0) -> None:
         self._open: dict[str, list[Promise]] = {}  # producer rid -> its open promises
         self.counters = PromiseCounters()
-        self.version = 0  # moves whenever a promise opens or closes (indexes built on the table check it)
+        self.version = 0  # moves whenever a promise opens or closes
+        # Open promises by (namespace, first head_len tokens), kept as promises open and close: a request is checked
+        # only against the promises on its own first tokens (`candidates`). Shorter promises go on a list that every
+        # request is checked against. head_len 0: no index.
+        self.head_len = head_len
+        self._by_head: dict[tuple, list[Promise]] = {}
+        self._short: list[Promise] = []
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._open.values())
@@ -90,9 +96,28 @@ class PromiseTable:
     ) -> Promise:
         promise = Promise(namespace, tokens, boundary, producer_rid, round_id, partial=partial)
         self._open.setdefault(producer_rid, []).append(promise)
+        self._head_list(promise).append(promise)
         self.counters.registered += 1
         self.version += 1
         return promise
+
+    def head_key(self, namespace: Hashable, tokens: Sequence[int]) -> Optional[tuple]:
+        """The index key of a request (or promise) with these tokens; None when shorter than head_len."""
+        if not self.head_len or len(tokens) < self.head_len:
+            return None
+        return (namespace, as_tokens(tokens[: self.head_len]).tobytes())
+
+    def candidates(self, head_key: Optional[tuple]) -> list[Promise]:
+        """Every open promise that could serve a request whose head_key is `head_key` (a request with no key: the
+        short promises only, since a longer promise serves only requests at least as long as its head)."""
+        indexed = self._by_head.get(head_key, ()) if head_key is not None else ()
+        if not self._short:
+            return list(indexed)
+        return [*indexed, *self._short]
+
+    def _head_list(self, promise: Promise) -> list[Promise]:
+        key = self.head_key(promise.namespace, promise.tokens) if promise.boundary >= self.head_len else None
+        return self._short if key is None else self._by_head.setdefault(key, [])
 
     def for_producer(self, producer_rid: str) -> list[Promise]:
         return list(self._open.get(producer_rid, ()))
@@ -147,6 +172,10 @@ class PromiseTable:
             self._open[promise.producer_rid] = remaining
         else:
             self._open.pop(promise.producer_rid, None)
+        same_head = self._head_list(promise)
+        same_head.remove(promise)
+        if not same_head and same_head is not self._short:
+            del self._by_head[self.head_key(promise.namespace, promise.tokens)]
 
 
 def as_tokens(tokens: Sequence[int]) -> array:
@@ -159,15 +188,18 @@ def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return common_prefix_with(as_tokens(a).tobytes(), b)
 
 
-def common_prefix_with(head: bytes, b: Sequence[int]) -> int:
+def common_prefix_with(head: bytes, b: Sequence[int], hint: int = 0) -> int:
     """LCP length of `b` and the tokens whose array('q') bytes are `head`, by binary search over prefix equality.
     `bytes.startswith(memoryview slice)` compares in C without copying (array slices copy): ~3x faster than slice
-    equality, and the planner runs this per sibling per producer (passing `head` once per producer)."""
+    equality, and the planner runs this per sibling per producer (passing `head` once per producer). `hint`: a
+    likely answer (siblings of one group share one prefix), checked first with two comparisons."""
     b = as_tokens(b)
     n = min(len(head) // b.itemsize, len(b))
     with memoryview(b) as tail:  # items of b; a slice is a zero-copy view of the first k tokens' bytes
         if head.startswith(tail[:n]):
             return n
+        if 0 < hint < n and head.startswith(tail[:hint]) and not head.startswith(tail[: hint + 1]):
+            return hint
         lo, hi = 0, n - 1  # invariant: the first lo tokens match, the first hi + 1 do not
         while lo < hi:
             mid = (lo + hi + 1) // 2

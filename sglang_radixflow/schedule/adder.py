@@ -40,6 +40,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
         sched = self.tree_cache.rf_sched
+        sched.note_examined()
         if sched.blocking_promise(req) is not None:
             sched.note_blocked(req)
             release_staged(req, self.tree_cache)
@@ -112,7 +113,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
             and not sched.prefix_requests
         ):
             return None
-        return sched.plan(req, self.can_run_list)
+        return sched.plan(req)
 
     def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
         # A cache-only request exists to leave its states: it always waits for the chunk slot (bounded).

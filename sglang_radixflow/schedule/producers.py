@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
 from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with
@@ -30,6 +30,9 @@ class ProducerPlan:
     mode: PublishMode
     siblings: int
     later: tuple[int, ...] = ()  # further boundaries, in order: each continuation chunk is cut at the next one
+    # (sibling, shared length capped at its key limit) for every waiting sibling the plan looked at: the scan can
+    # tell which of them will be Blocked on this producer without matching them (SchedulingState.mark_consumers).
+    shared: tuple[tuple[Any, int], ...] = field(default=(), compare=False, repr=False)
 
 
 # SGLang's frontend `select` scores its choices with logprob_start_len = prompt_len - 2 (token healing), which caps
@@ -83,34 +86,69 @@ def key_limit(req: Any, tokens: Sequence[int]) -> int:
 class SiblingIndex:
     """Waiting requests grouped by (namespace, first INDEX_PREFIX tokens).
 
-    Kept across passes and brought up to date by identity (`refresh`): the diff of two id sets runs in C, so only
-    requests that arrived or left since the last pass cost Python work, instead of the whole queue every pass.
-    Holding the members alive keeps their ids from being reused by new objects while they are indexed."""
+    Kept across passes and brought up to date by identity (`refresh`), so that only requests that arrived or left
+    since the last pass cost Python work. Fast path: SGLang's queue between two passes is the previous one less what
+    that pass admitted (`left`) plus arrivals appended at its end, which a C-level list comparison with the snapshot
+    the index holds (`_order`) confirms; anything else (an abort, a reordering policy) takes the id-set diff.
+    Holding the members alive keeps their ids from being reused by new objects while they are indexed.
+    Invariant: when `_order` is not None, the members are exactly the requests in `_order`."""
 
     def __init__(self, waiting: Iterable[Any] = ()) -> None:
         self._members: dict[int, Any] = {}
         self._key_of: dict[int, Optional[tuple]] = {}
         self._groups: dict[tuple, dict[int, Any]] = {}
+        self._order: Optional[list[Any]] = None
         self.refresh(list(waiting))
 
     def refresh(self, waiting: Sequence[Any]) -> None:
+        order = self._order
+        n = len(order) if order is not None else -1
+        if 0 <= n <= len(waiting) and waiting[:n] == order:  # Req has no __eq__: identity compare, in C
+            for req in waiting[n:]:
+                if id(req) not in self._members:  # a request queued twice is indexed once
+                    self._add(req)
+        else:
+            self._diff(waiting)
+        self._order = list(waiting) if len(self._members) == len(waiting) else None
+
+    def left(self, gone: Iterable[Any], remaining: Sequence[Any]) -> None:
+        """`gone` left the queue (admitted by a pass) and `remaining` is SGLang's queue now. The snapshot moves to
+        `remaining` only when the counts prove it is the indexed queue less `gone`; otherwise the next refresh
+        diffs."""
+        for req in gone:
+            if id(req) in self._members:
+                self._remove(id(req))
+        synced = self._order is not None and len(self._members) == len(remaining)
+        self._order = list(remaining) if synced else None
+
+    def _diff(self, waiting: Sequence[Any]) -> None:
         ids = set(map(id, waiting))
-        if self._members.keys() == ids:  # a keys view compares as a set, in C
+        members = self._members
+        if members.keys() == ids:  # a keys view compares as a set, in C
             return
-        now = dict(zip(map(id, waiting), waiting))
-        old = self._members
-        for rid in old.keys() - now.keys():
-            key = self._key_of.pop(rid)
-            if key is not None:
-                group = self._groups[key]
-                del group[rid]
-                if not group:
-                    del self._groups[key]
-        for rid in now.keys() - old.keys():
-            key = self._key_of[rid] = sibling_key(now[rid])
-            if key is not None:
-                self._groups.setdefault(key, {})[rid] = now[rid]
-        self._members = now
+        for rid in members.keys() - ids:
+            self._remove(rid)
+        arrived = ids - members.keys()
+        if arrived:  # one pass over the queue, only when something arrived
+            for req in waiting:
+                if id(req) in arrived and id(req) not in members:
+                    self._add(req)
+
+    def _add(self, req: Any) -> None:
+        rid = id(req)
+        self._members[rid] = req
+        key = self._key_of[rid] = sibling_key(req)
+        if key is not None:
+            self._groups.setdefault(key, {})[rid] = req
+
+    def _remove(self, rid: int) -> None:
+        del self._members[rid]
+        key = self._key_of.pop(rid)
+        if key is not None:
+            group = self._groups[key]
+            del group[rid]
+            if not group:
+                del self._groups[key]
 
     def siblings(self, req: Any, tokens: Sequence[int]) -> list[Any]:
         key = sibling_key(req)
@@ -126,12 +164,15 @@ def plan_producer(
     """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise."""
     state_hit = int(req.prefix_len)
     head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
-    lcps = []
+    shared = []
+    lcp = 0
     for sib in siblings:
         if id(sib) in excluded:
             continue
         sib_tokens = request_tokens(sib)
-        lcps.append(min(common_prefix_with(head, sib_tokens), key_limit(sib, sib_tokens), len(tokens)))
+        lcp = common_prefix_with(head, sib_tokens, hint=lcp)
+        shared.append((sib, min(lcp, key_limit(sib, sib_tokens), len(tokens))))
+    lcps = [lcp for _, lcp in shared]
     boundary = best_boundary(lcps, floor=state_hit + min_gain - 1)
     if mode is PublishMode.TRACK and boundary:
         boundary = state_hit + (boundary - state_hit) // cache_chunk * cache_chunk
@@ -139,7 +180,7 @@ def plan_producer(
             boundary = 0
     if boundary <= state_hit:
         return None
-    return ProducerPlan(boundary, mode, sum(1 for x in lcps if x >= boundary))
+    return ProducerPlan(boundary, mode, sum(1 for x in lcps if x >= boundary), shared=tuple(shared))
 
 
 def plan_cache_only(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable
 from sglang_radixflow.config import RadixFlowConfig
@@ -49,6 +49,8 @@ class PassStats:
     producers: int = 0
     prefix_requests: int = 0
     admitted_rids: list[str] = field(default_factory=list)
+    admitted_reqs: list[Any] = field(default_factory=list, repr=False)
+    admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
     token_hit_sum: int = 0
     state_hit_sum: int = 0
     first_selection_wait_s: list[float] = field(default_factory=list)
@@ -67,7 +69,7 @@ class SchedulingState:
         self.mode = mode
         self.cache_chunk = max(1, cache_chunk)
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
-        self.promises = PromiseTable()
+        self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
@@ -75,11 +77,10 @@ class SchedulingState:
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
         self._index_fresh = False
         self._waiting: list[Any] = []
-        # Open promises by sibling key (rebuilt when the table changes): a request is checked only against the
-        # promises on its own first tokens, not the whole table, and most requests a pass examines have none.
-        self._heads_version: Optional[tuple[int, int]] = None
-        self._heads: dict[tuple, list[Promise]] = {}
-        self._short_promises: list[Promise] = []  # b < INDEX_PREFIX: no key, checked against every request
+        # Waiting requests this pass has proven Blocked on a producer it admitted (mark_consumers): the scan skips
+        # them without SGLang matching them (scan_queue.ScanQueue). Cleared at every pass boundary.
+        self._known_blocked: dict[int, Any] = {}
+        self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -95,14 +96,25 @@ class SchedulingState:
         )
         self._waiting = waiting
         self._index_fresh = False
+        self._known_blocked = {}
+        self._screened = []
 
     def index_waiting(self, waiting: list[Any]) -> None:
         """Bring the sibling index up to `waiting` now (normally done lazily by the first plan of a pass)."""
         self._index.refresh(waiting)
+        self._index_fresh = True
+
+    def note_queue_after_pass(self, admitted: list[Any], remaining: list[Any]) -> None:
+        """SGLang rebuilt its queue after a pass: `remaining`, the queue less `admitted`. Keeps the sibling index's
+        snapshot current when this pass had indexed the queue (otherwise its older snapshot is still exact)."""
+        if self._index_fresh:
+            self._index.left(admitted, remaining)
 
     def end_pass(self) -> Optional[PassStats]:
         stats, self.current = self.current, None
         self._waiting = []
+        self._known_blocked = {}
+        self._screened = []  # the scan ended before examining another request: they were never reached
         return stats
 
     @property
@@ -110,29 +122,49 @@ class SchedulingState:
         return self.traversal != "native" and self.current is not None
 
     # ---- verdicts ----
-    def _refresh_heads(self) -> None:
-        version = (id(self.promises), self.promises.version)
-        if version == self._heads_version:
-            return
-        self._heads_version, self._heads, self._short_promises = version, {}, []
-        for promise in self.promises.open_promises():
-            if promise.boundary >= INDEX_PREFIX:
-                key = (promise.namespace, promise.tokens[:INDEX_PREFIX].tobytes())
-                self._heads.setdefault(key, []).append(promise)
-            else:
-                self._short_promises.append(promise)
+    def screens_scan(self) -> bool:
+        """Whether an iteration of the waiting queue starting now is SGLang's scan and may skip known-Blocked requests:
+        a pass is on, it skips (not stop), and nothing is marked yet (marks are made only inside the scan, so any
+        later iteration - SGLang rebuilding its queue after the scan - sees every request)."""
+        return self.current is not None and self.traversal == "skip" and not self._known_blocked
+
+    def screen(self, requests: Iterator[Any]) -> Iterator[Any]:
+        """`requests` less those proven Blocked (within their deferral bound), with nothing staged to undo.
+
+        SGLang checks its pass budget before each request it examines and ends the scan when it is spent; skipping
+        admits nothing, so those checks answer alike for a run of skipped requests and the next one examined. The
+        skipped ones are therefore counted as Blocked (note_blocked, which moves their deferral bound) only once
+        SGLang goes on to examine the next request (`note_examined`); a queue that ends on skipped requests yields
+        its last one so that SGLang's checks decide there too (it then gets add_one_req's own verdict)."""
+        known = self._known_blocked
+        bound = self.config.max_defer_rounds
+        run: list[Any] = []  # skipped since the last request yielded
+        for req in requests:
+            if known and id(req) in known and getattr(req, DEFER_COUNT, 0) < bound:
+                run.append(req)
+                continue
+            if run:
+                self._screened.extend(run)
+                run = []
+            yield req
+        if run:
+            self._screened.extend(run[:-1])
+            yield run[-1]
+
+    def note_examined(self) -> None:
+        """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
+        if self._screened:
+            for req in self._screened:
+                self.note_blocked(req)
+            self._screened.clear()
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
         if not self.active or not self.promises:
             return None
-        self._refresh_heads()
         # A promise with b >= INDEX_PREFIX can block only a request whose first INDEX_PREFIX tokens are its own
-        # (b <= key_limit < len(tokens), so such a request always has a sibling key).
-        key = sibling_key(req)
-        candidates = self._heads.get(key, []) if key is not None else []
-        if self._short_promises:
-            candidates = candidates + self._short_promises
+        # (b <= key_limit < len(tokens), so such a request always has a sibling key, the table's head key).
+        candidates = self.promises.candidates(sibling_key(req))
         if not candidates:
             return None
         if getattr(req, DEFER_COUNT, 0) >= self.config.max_defer_rounds:
@@ -171,19 +203,17 @@ class SchedulingState:
         self.current.fragment_skips += 1
 
     # ---- producers ----
-    def plan(self, req: Any, admitted: list[Any]) -> Optional[ProducerPlan]:
+    def plan(self, req: Any) -> Optional[ProducerPlan]:
         if not self.active:
             return None
         if not self._index_fresh:  # lazily: passes that plan nothing never touch the index
-            self._index.refresh(self._waiting)
-            self._index_fresh = True
+            self.index_waiting(self._waiting)
         tokens = request_tokens(req)
-        excluded = {id(r) for r in admitted}
-        plan = plan_producer(
+        assert self.current is not None
+        return plan_producer(
             req, tokens, self._index.siblings(req, tokens), min_gain=self.config.min_gain_tokens, mode=self.mode,
-            cache_chunk=self.cache_chunk, excluded=excluded,
+            cache_chunk=self.cache_chunk, excluded=self.current.admitted_ids,
         )
-        return plan
 
     def plan_cache_only(self, req: Any, token_hit: int) -> Optional[ProducerPlan]:
         if not self.active or self.mode is PublishMode.KV:  # full attention: the KV is usable anywhere already
@@ -196,6 +226,8 @@ class SchedulingState:
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
         assert self.current is not None
         self.current.admitted_rids.append(str(req.rid))
+        self.current.admitted_reqs.append(req)
+        self.current.admitted_ids.add(id(req))
         self.current.token_hit_sum += token_hit
         self.current.state_hit_sum += int(req.prefix_len)
         entered = float(req.time_stats.wait_queue_entry_time or 0.0)
@@ -215,6 +247,28 @@ class SchedulingState:
                 partial=plan.mode is PublishMode.KV,
             )
         self.current.producers += 1
+        self._mark_consumers(req, tokens, plan, token_hit)
+
+    def _mark_consumers(self, producer: Any, tokens: Any, plan: ProducerPlan, token_hit: int) -> None:
+        """Mark the siblings that the promise just registered provably Blocks, so the scan skips them unmatched.
+
+        The producer's hit ĥ is below its key limit, so it is the tree's whole match of its path. A sibling whose
+        first `served` tokens are the producer's, with served >= ĥ + min_gain > ĥ, matches the same path and stops at
+        the same place (the tree does not hold those `served` tokens): its h <= ĥ, so `blocking_promise` would find
+        served >= h + min_gain, i.e. Blocked. The tree only shrinks during a pass (inserts follow the forward), which
+        keeps this true until the scan reaches the sibling."""
+        if (
+            self.traversal != "skip" or not plan.shared or token_hit >= key_limit(producer, tokens)
+            or producer.token_indices_to_pool is not None
+        ):
+            return
+        need = token_hit + self.config.min_gain_tokens
+        partial = plan.mode is PublishMode.KV
+        known = self._known_blocked
+        for sib, shared in plan.shared:
+            served = min(shared, plan.boundary) if partial else (plan.boundary if shared >= plan.boundary else 0)
+            if served >= need and sib.token_indices_to_pool is None:  # (SGLang's scan skips readouts of another mode)
+                known[id(sib)] = sib
 
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
                     ) -> dict[str, Any]:

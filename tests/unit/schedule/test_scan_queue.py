@@ -1,0 +1,116 @@
+"""The scan's screen (schedule/scan_queue.py): siblings proven Blocked on a producer admitted in the same pass are
+skipped without SGLang matching them. On SGLang's real pass it must change nothing but the work: the same rounds,
+the same fragments, the same Blocked count, every request still queued, nothing leaked."""
+from __future__ import annotations
+
+import random
+from typing import Any
+from unittest import mock
+
+import pytest
+from sglang.srt.managers.schedule_batch import Req
+
+from sglang_radixflow.schedule import scan_queue
+from tests.unit.cache.helpers import FULL, HYBRID
+from tests.unit.schedule.harness import PassHarness, make_request
+
+
+def waves(seed: int) -> list[list[Req]]:
+    """Arrival waves: groups of 2-4 candidates over a few documents (a document recurs across groups, some groups
+    share a question, some requests carry another cache_salt), and unrelated requests in between."""
+    rng = random.Random(seed)
+    fresh = iter(range(10_000, 10**9, 7))
+    tokens = lambda k: [next(fresh) for _ in range(k)]  # noqa: E731
+    docs = [tokens(rng.randint(60, 240)) for _ in range(4)]
+    questions = [tokens(rng.randint(1, 12)) for _ in range(3)]
+    result: list[list[Req]] = []
+    for w in range(4):
+        wave: list[Req] = []
+        for g in range(rng.randint(3, 7)):
+            if rng.random() < 0.2:
+                wave.append(make_request(f"w{w}u{g}", tokens(rng.randint(30, 200))))
+                continue
+            shared = rng.choice(docs) + rng.choice(questions)
+            salt = "tenant-2" if rng.random() < 0.15 else None
+            for c in range(rng.randint(2, 4)):
+                wave.append(make_request(f"w{w}g{g}c{c}", shared + tokens(rng.randint(1, 8)), cache_salt=salt))
+        result.append(wave)
+    return result
+
+
+def run(components: Any, seed: int, screened: bool) -> tuple[list[Any], list[int], int]:
+    """(per-round fragments, per-pass Blocked skips, requests SGLang matched) over all waves, one wave arriving
+    every two rounds."""
+    h = PassHarness(components, token_budget=512, rows=6, kv_size=16384, mamba_cache_size=64)
+    matched = [0]
+    original = Req.init_next_round_input
+
+    def counting(self: Req, *a: Any, **k: Any) -> Any:
+        matched[0] += 1
+        return original(self, *a, **k)
+
+    blocked: list[int] = []
+    patches = [mock.patch.object(Req, "init_next_round_input", counting)]
+    if not screened:
+        patches.append(mock.patch.object(scan_queue, "install", lambda scheduler, state: None))
+    for p in patches:
+        p.start()
+    try:
+        pending = waves(seed)
+        rounds = 0
+        while pending or h.waiting or h.sched.chunked_req is not None:
+            if pending and rounds % 2 == 0:
+                h.submit(*pending.pop(0))
+            rounds += 1
+            assert rounds < 200, "queue not drained"
+            queued = {id(r) for r in h.waiting}
+            admitted = h.run_pass()
+            stats = h.cache.rf_sched.pending_pass
+            blocked.append(stats[1].blocked_skips if stats is not None and admitted else 0)
+            h.cache.rf_sched.pending_pass = None
+            # Nothing is lost: every request queued before the pass is admitted now or still waiting.
+            assert queued <= {id(r) for r in admitted} | {id(r) for r in h.waiting}
+            assert type(h.sched.waiting_queue) is list  # the screen is gone after the pass
+            if admitted:
+                h.execute()
+        h.assert_idle_invariants()
+    finally:
+        for p in reversed(patches):
+            p.stop()
+    return [r.fragments for r in h.rounds], blocked, matched[0]
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_screening_changes_the_work_not_the_schedule(components: Any, seed: int) -> None:
+    plain_rounds, plain_blocked, plain_matched = run(components, seed, screened=False)
+    rounds, blocked, matched = run(components, seed, screened=True)
+    assert rounds == plain_rounds
+    assert blocked == plain_blocked
+    assert sum(blocked) > 0, "the workload must exercise Blocked verdicts"
+    # The screened scan matched fewer requests: the skipped siblings were never handed to SGLang.
+    assert matched < plain_matched
+
+
+def test_scan_queue_hides_marked_requests_from_the_scan_only() -> None:
+    """Outside a pass, and in any iteration that starts after the pass marked something (SGLang rebuilding its
+    queue), every request is seen; the scan's own iteration skips marked ones as it reaches them."""
+    h = PassHarness(FULL)
+    state = h.cache.rf_sched
+    reqs = [make_request(f"r{i}", list(range(100 * i + 1, 100 * i + 40))) for i in range(4)]
+    queue = scan_queue.ScanQueue(reqs, state)
+    assert list(queue) == reqs  # no pass: plain
+    state.begin_pass(1, reqs)
+    scan = iter(queue)  # starts before any mark: the scan
+    assert next(scan) is reqs[0]
+    state._known_blocked[id(reqs[1])] = reqs[1]  # what mark_consumers records for a proven-Blocked sibling
+    assert next(scan) is reqs[2]
+    assert state.current is not None and state.current.blocked_skips == 0  # SGLang has not examined reqs[2] yet
+    state.note_examined()  # it does: reqs[1] was passed over, counted as Blocked
+    assert state.current.blocked_skips == 1
+    state._known_blocked[id(reqs[3])] = reqs[3]
+    assert list(scan) == [reqs[3]]  # the queue ends on a screened request: SGLang's checks decide there
+    assert state.current.blocked_skips == 1
+    assert list(queue) == reqs  # a later iteration (the rebuild) sees everything
+    state.end_pass()
+    assert list(queue) == reqs
