@@ -73,12 +73,15 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return result
 
     def _needs_prefix_request(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
-        """A no_buffer producer that cannot cut its own chunk at b (the slot is taken) and has siblings waiting."""
+        """A no_buffer producer with siblings waiting publishes b through a prefix request whenever it can, even with
+        SGLang's single chunk slot free: a producer cut at b would hold that slot, and then the request that should
+        fill the rest of the token budget with a chunk cannot be chunked and the pass ends with the budget unspent.
+        (Rows are the same either way: prefix then producer, or chunk then continuation.) The cut remains for
+        producers that cannot be split, and when prefix requests are off."""
         return (
             plan is not None
             and plan.mode is PublishMode.CHUNK_END
             and plan.siblings > 0
-            and not self._rf_may_chunk
             and sched.prefix_requests
             and plan.boundary < len(req.origin_input_ids)
             and getattr(req, DEFER_COUNT, 0) < sched.config.max_defer_rounds  # past its bound it runs from h

@@ -1,11 +1,12 @@
-"""Prefix requests: how a no_buffer hybrid publishes a state at a branch point when SGLang's chunk slot is taken.
+"""Prefix requests: how a no_buffer hybrid producer publishes a state at a branch point.
 
 With `no_buffer` a state exists only at the end of an extend. A producer's extend can end at b by chunking, but SGLang
-tracks ONE chunked request per pass, so natively at most one producer per round could publish. A prefix request is
-an ordinary SGLang request for the producer's first b tokens with max_new_tokens = 0: it finishes in its round and
-its final cache insert stores the KV and the state at b. The producer itself waits one round (Blocked on the prefix
-request's promise, like its siblings) and then starts from b, exactly as after a chunk cut; the prefix is computed
-once either way. Any number of prefix requests fit in one round.
+tracks ONE chunked request per pass: natively at most one producer per round could publish, and a producer holding
+the slot leaves none for the request that should fill the rest of the token budget. A prefix request is an ordinary
+SGLang request for the producer's first b tokens with max_new_tokens = 0: it finishes in its round and its final
+cache insert stores the KV and the state at b. The producer itself waits one round (Blocked on the prefix request's
+promise, like its siblings) and then starts from b, exactly as after a chunk cut; the prefix is computed once either
+way, in as many rows. Any number of prefix requests fit in one round, and the chunk slot stays SGLang's.
 
 Nobody waits for a prefix request's output: `finished_output` is set from the start, the flag SGLang's output
 streamer uses to skip a finished request it already reported, so no output ever leaves the scheduler for it. Its rid

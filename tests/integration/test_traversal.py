@@ -69,9 +69,9 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
     cached = {arm: [o["meta_info"]["cached_tokens"] for o in out] for arm, out in results.items()}
     # Native SGLang admits every sibling in one batch: each recomputes the document.
     assert cached["sglang"] == [0, 0, 0, 0, 0]
-    # radixflow: one producer computes the document and leaves its state at the branch point; the three
-    # consumers wait one round and start from it.
-    assert cached["radixflow"] == [0, DOC_LEN, DOC_LEN, DOC_LEN, 0]
+    # radixflow: the producer's prefix request computes the document and leaves its state at the branch point; the
+    # producer and its three siblings wait one round and start from it.
+    assert cached["radixflow"] == [DOC_LEN, DOC_LEN, DOC_LEN, DOC_LEN, 0]
     assert cached["prefix-stop"] == cached["radixflow"]
     outputs = {arm: [o["output_ids"] for o in out] for arm, out in results.items()}
     assert outputs["radixflow"] == outputs["sglang"] == outputs["prefix-stop"]
@@ -81,11 +81,12 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
         assert max(diffs) < LOGPROB_TOL, (arm, diffs)
     # ĥ and h per request in meta_info: the consumers' token hit is state-ready too.
     meta = [(o["meta_info"]["radixflow_token_hit"], o["meta_info"]["radixflow_state_hit"]) for o in results["radixflow"]]
-    assert meta == [([0], [0]), ([DOC_LEN], [DOC_LEN]), ([DOC_LEN], [DOC_LEN]), ([DOC_LEN], [DOC_LEN]), ([0], [0])]
-    # SGLang's scheduler log: the producer's document chunk shared its round with the unrelated request.
+    assert meta == [([DOC_LEN], [DOC_LEN])] * 4 + [([0], [0])]
+    # SGLang's scheduler log: the document (the producer's prefix request) shared its round with the unrelated
+    # request; the next round ran the four candidates from it.
     log = hybrid_servers["radixflow"].log_text()
     assert f"#new-seq: 2, #new-token: {DOC_LEN + 300}, #cached-token: 0" in log
-    assert f"#new-seq: 4, #new-token: 80, #cached-token: {3 * DOC_LEN}" in log
+    assert f"#new-seq: 4, #new-token: 80, #cached-token: {4 * DOC_LEN}" in log
 
 
 def test_aborted_producer_releases_consumers_and_nothing_leaks(hybrid_servers: dict[str, SGLangServer]) -> None:
@@ -145,22 +146,22 @@ def test_round_trace_records_the_producer_round_and_the_consumer_round(
     rounds = [r for r in read_trace(str(trace_path), "round") if r["kind_of_round"] == "prefill" and r["rows"] > 1]
     producer_round = next(r for r in rounds if r["producers"] == 1 and r["blocked_skips"] == 3)
     assert producer_round["rows"] == 2 and producer_round["tokens"] == DOC_LEN + 300
-    assert producer_round["deferred"] == 3 and not producer_round["avoidable_bubble"]
+    assert producer_round["prefix_requests"] == 1  # the producer waits too, for its own prefix request
+    assert producer_round["deferred"] == 4 and not producer_round["avoidable_bubble"]
     consumer_round = next(r for r in rounds if r["round"] == producer_round["round"] + 1)
-    assert consumer_round["rows"] == 4 and consumer_round["state_hit_sum"] == 3 * DOC_LEN
+    assert consumer_round["rows"] == 4 and consumer_round["state_hit_sum"] == 4 * DOC_LEN
     assert all(r["host_time_s"] > 0 for r in rounds)
 
 
 def test_namespaces_never_share_a_producer(hybrid_servers: dict[str, SGLangServer]) -> None:
     """Same document, two cache_salt values: each tenant's consumers wait for their own tenant's producer, never the
-    other's. Tenant-a's producer cuts its chunk at the document end (SGLang's one chunk slot); tenant-b's producer
-    publishes there through a prefix request in its own namespace, whose output never reaches a client. A third
-    tenant reuses neither."""
+    other's. Each tenant's producer publishes the document through a prefix request in its own namespace, whose
+    output never reaches a client. A third tenant reuses neither."""
     server = hybrid_servers["radixflow"]
     cands, _ = _workload(5)
     out = _batch(server, [cands[0], cands[2], cands[1], cands[3]],
                  salts=["tenant-a", "tenant-b", "tenant-a", "tenant-b"])
-    assert [o["meta_info"]["cached_tokens"] for o in out] == [0, DOC_LEN, DOC_LEN, DOC_LEN]
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [DOC_LEN] * 4
     again = _batch(server, [cands[0]], salts=["tenant-c"])
     assert again[0]["meta_info"]["cached_tokens"] == 0
     assert "radixflow-prefix" not in server.log_text()  # no output for the prefix request reached the tokenizer

@@ -10,15 +10,16 @@ The note gives only the totals, so the instance is constructed (sizes in tokens)
 - FCFS queue, all waiting at round 1 (no arrivals): a0 a1 a2 a3 u1 u2 u3 u4 b0 b1 b2 b3 u5; every request
   generates one token (finishes at prefill, as in the paper's evaluation).
 A fragment is one row of one round. On a hybrid without the extra buffer a state exists only at the end of an
-extend, so a producer publishes its document by ending its chunk there: group a = a0[0,1200) (depth 1), then
-a0[1200,2100) and a1..a3 from h = 1200 (depth 2), 5 fragments and 1,200 + 4 x 900 = 4,800 tokens; group b = 5
-fragments, 4,600 tokens; the unrelated requests = 5 fragments, 3,570 tokens. V = 15, W = 12,970, D = 2.
-Why this order: SGLang tracks one chunked request at a time, so a round can hold one producer; group b sits behind
-four unrelated requests so that traversal's first round fills its 4 rows before reaching it. Every admitted
-fragment fits the remaining budget whole, so SGLang never chunks for budget and both arms run the same 15 fragments:
-- traversal:   [a0 doc, u1, u2, u3] [a0 tail, a1, a2, a3] [u4, b0 doc, u5] [b0 tail, b1, b2, b3] -> 4 rounds, 1 empty;
-- prefix-stop: [a0 doc] [a0 tail, a1, a2, a3] [u1..u4] [b0 doc] [b0 tail, b1, b2, b3] [u5] -> 6 rounds, 9 empty
-  (a Blocked a1 / b1 ends the scan, so u1 / u5 wait a round behind it).
+extend, so a producer publishes its document through a prefix request, an extend of its first b tokens (`a0#p`
+below; radixflow's default; with prefix requests off, a chunk of a0 cut at b, the same fragment): group a =
+a0[0,1200) (depth 1), then a0[1200,2100) and a1..a3 from h = 1200 (depth 2), 5 fragments and 1,200 + 4 x 900 = 4,800
+tokens; group b = 5 fragments, 4,600 tokens; the unrelated requests = 5 fragments, 3,570 tokens. V = 15, W = 12,970,
+D = 2. Why this order: group b sits behind four unrelated requests so that traversal's first round fills its 4 rows
+before reaching it. Every admitted fragment fits the remaining budget whole, so SGLang never chunks for budget and
+both arms run the same 15 fragments:
+- traversal:   [a0#p, u1, u2, u3] [a0 tail, a1, a2, a3] [u4, b0#p, u5] [b0 tail, b1, b2, b3] -> 4 rounds, 1 empty;
+- prefix-stop: [a0#p] [a0 tail, a1, a2, a3] [u1..u4] [b0#p] [b0 tail, b1, b2, b3] [u5] -> 6 rounds, 9 empty
+  (a Blocked a0 / a1 / b1 ends the scan, so u1 / u5 wait a round behind it).
 Native SGLang (reference) admits siblings together; each recomputes its document (the split document node has no
 state), budget-chunked: 17 fragments, 19,570 tokens, 6 rounds, 7 empty slots.
 """
@@ -30,6 +31,7 @@ from sglang_radixflow.bench.replay import (
     FIG1_UNRELATED as UNRELATED, Instance, dependency_depth as _depth, figure1_instance as build_instance,
 )
 from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
+from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 
 W, V, D = 12_970, 15, 2
 
@@ -54,10 +56,15 @@ def test_instance_matches_the_paper_totals() -> None:
     assert round_lower_bound(W, V, D, S=S, T=T) == 4
 
 
+def prefix(rid: str) -> str:
+    """The rid of the prefix request publishing `rid`'s document."""
+    return f"{rid}{PREFIX_RID_MARK}{DOCS[rid[0]]}"
+
+
 def test_traversal_reaches_the_lower_bound() -> None:
     rounds, instance = run("radixflow")
     assert [r.rids for r in rounds] == [
-        ["a0", "u1", "u2", "u3"], ["a0", "a1", "a2", "a3"], ["u4", "b0", "u5"], ["b0", "b1", "b2", "b3"],
+        [prefix("a0"), "u1", "u2", "u3"], ["a0", "a1", "a2", "a3"], ["u4", prefix("b0"), "u5"], ["b0", "b1", "b2", "b3"],
     ]
     assert sum(r.rows for r in rounds) == V and sum(r.tokens for r in rounds) == W
     assert all(r.rows <= S and r.tokens <= T for r in rounds)
@@ -71,7 +78,8 @@ def test_traversal_reaches_the_lower_bound() -> None:
 def test_prefix_stop_takes_six_rounds_with_nine_empty_slots() -> None:
     rounds, instance = run("prefix-stop")
     assert [r.rids for r in rounds] == [
-        ["a0"], ["a0", "a1", "a2", "a3"], ["u1", "u2", "u3", "u4"], ["b0"], ["b0", "b1", "b2", "b3"], ["u5"],
+        [prefix("a0")], ["a0", "a1", "a2", "a3"], ["u1", "u2", "u3", "u4"], [prefix("b0")], ["b0", "b1", "b2", "b3"],
+        ["u5"],
     ]
     assert sum(r.rows for r in rounds) == V and sum(r.tokens for r in rounds) == W  # the same fragments
     assert all(r.rows <= S and r.tokens <= T for r in rounds)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import Fragment, PassHarness, make_request
 
@@ -23,23 +24,32 @@ def unrelated():  # noqa: ANN201
     return make_request("other", list(range(5000, 5300)))
 
 
-def harness(components, arm: str) -> PassHarness:  # noqa: ANN001
-    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64)
+def harness(components, arm: str, prefix_requests: bool = True) -> PassHarness:  # noqa: ANN001
+    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64, prefix_requests=prefix_requests)
 
 
-def test_hybrid_consumers_start_from_the_published_state_one_round_later() -> None:
-    h = harness(HYBRID, "radixflow")
+def prefix(rid: str, boundary: int = len(DOC)) -> str:
+    """The rid of the prefix request publishing `rid`'s first `boundary` tokens."""
+    return f"{rid}{PREFIX_RID_MARK}{boundary}"
+
+
+@pytest.mark.parametrize("prefix_requests", [True, False], ids=["prefix-request", "chunk-cut"])
+def test_hybrid_consumers_start_from_the_published_state_one_round_later(prefix_requests: bool) -> None:
+    h = harness(HYBRID, "radixflow", prefix_requests=prefix_requests)
     reqs = candidates()
     h.submit(*reqs, unrelated())
     first, second = h.run_rounds()
-    # Round 1: the producer's chunk ends at the branch point (its state lands there) + the unrelated request.
-    assert first.fragments == (Fragment("c0", 0, len(DOC)), Fragment("other", 0, 300))
+    # Round 1: the producer's first b tokens, through a prefix request or its own chunk cut at b (either way the
+    # extend ends at the branch point, where its state lands), + the unrelated request.
+    producer = prefix("c0") if prefix_requests else "c0"
+    assert first.fragments == (Fragment(producer, 0, len(DOC)), Fragment("other", 0, 300))
     # Round 2: the producer's tail and the three consumers, all from h = 600 (the state published by round 1).
     assert second.fragments == (
         Fragment("c0", len(DOC), TAIL), *(Fragment(f"c{i}", len(DOC), TAIL) for i in (1, 2, 3)),
     )
-    # SGLang's own per-request hit count agrees: each consumer reused the whole document.
-    assert [r.cached_tokens for r in reqs] == [0, len(DOC), len(DOC), len(DOC)]
+    # SGLang's own per-request hit count agrees: each consumer reused the whole document (and so did the producer
+    # after its prefix request: the document was computed once, by the prefix request).
+    assert [r.cached_tokens for r in reqs] == [len(DOC) if prefix_requests else 0, len(DOC), len(DOC), len(DOC)]
     counters = h.cache.rf_sched.promises.counters
     assert (counters.registered, counters.published, counters.cancelled) == (1, 1, 0)
     h.assert_idle_invariants()
@@ -61,7 +71,7 @@ def test_prefix_stop_holds_back_the_unrelated_request_for_a_round() -> None:
     h = harness(HYBRID, "prefix-stop")
     h.submit(*candidates(), unrelated())
     first, second = h.run_rounds()
-    assert first.rids == ["c0"]
+    assert first.rids == [prefix("c0")]
     assert second.rids == ["c0", "c1", "c2", "c3", "other"]
     assert second.fragment("c1").prefix_len == len(DOC)
     h.assert_idle_invariants()
@@ -104,7 +114,7 @@ def test_idle_check_catches_a_leaked_mamba_slot() -> None:
 def test_busy_check_catches_a_kv_slot_leaked_mid_run() -> None:
     """After every round the harness runs the scheduler's busy check (the chunked request's own KV counts as
     in use); a slot lost between rounds fails the next one."""
-    h = harness(HYBRID, "radixflow")
+    h = harness(HYBRID, "radixflow", prefix_requests=False)
     h.submit(*candidates(), unrelated())
     h.run_pass()
     h.execute()
@@ -128,7 +138,9 @@ def test_a_budget_chunk_never_displaces_the_producers_chunk() -> None:
     """Regression (multi-round): with the producer cut at b holding SGLang's one chunked-request slot, a later
     request that does not fit the rest of the budget must wait, not be chunked too; otherwise the producer is
     processed as finished after its first chunk (it answers a truncated prompt) or its continuation is lost."""
-    h = PassHarness(HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64)
+    h = PassHarness(
+        HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64, prefix_requests=False,
+    )
     h.submit(*candidates(), make_request("long", list(range(5000, 5800))))
     first, second = h.run_rounds()  # execute() fails if any request finishes before its whole prompt ran
     assert first.fragments == (Fragment("c0", 0, len(DOC)),)
@@ -137,26 +149,37 @@ def test_a_budget_chunk_never_displaces_the_producers_chunk() -> None:
     h.assert_idle_invariants()
 
 
+def test_a_prefix_request_leaves_the_chunk_slot_to_fill_the_budget() -> None:
+    """With the producer publishing through a prefix request, SGLang's chunk slot stays free: the request that does
+    not fit the rest of the budget is chunked into it (as natively) instead of waiting a round."""
+    h = PassHarness(HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64)
+    h.submit(*candidates(), make_request("long", list(range(5000, 5800))))
+    first, second = h.run_rounds()  # execute() fails if any request finishes before its whole prompt ran
+    assert first.fragments == (Fragment(prefix("c0"), 0, len(DOC)), Fragment("long", 0, 1000 - len(DOC)))
+    assert second.fragment("long") == Fragment("long", 1000 - len(DOC), 800 - (1000 - len(DOC)))
+    assert {f.rid for f in second.fragments} == {"long", "c0", "c1", "c2", "c3"}
+    assert all(second.fragment(f"c{i}").prefix_len == len(DOC) for i in range(4))
+    h.assert_idle_invariants()
+
+
 def group(name: str, doc: list[int]):  # noqa: ANN201
     return [make_request(f"{name}{i}", doc + list(range(10 * i, 10 * i + TAIL))) for i in range(4)]
 
 
-def test_hybrid_second_group_publishes_through_a_prefix_request_when_the_chunk_slot_is_taken() -> None:
-    """SGLang tracks one chunked request per pass: the first producer cuts its own chunk at b, the second group's
-    producer publishes b through a prefix request (max_new_tokens = 0, never reported to a client). Both documents
-    are computed once; every consumer, and the second producer itself, starts from b one round later."""
+def test_hybrid_two_groups_publish_through_prefix_requests_in_one_round() -> None:
+    """SGLang tracks one chunked request per pass, so chunk cuts could publish one document per round; each group's
+    producer publishes b through a prefix request (max_new_tokens = 0, never reported to a client) instead. Both
+    documents are computed once in round 1; every consumer, and both producers themselves, start from b in round 2."""
     doc_b = list(range(3000, 3600))
     h = harness(HYBRID, "radixflow")
     a, b = group("a", DOC), group("b", doc_b)
     h.submit(*a, *b)
     first, second = h.run_rounds()
-    prefix_rid = f"b0#radixflow-prefix-{len(doc_b)}"
-    assert first.fragments == (Fragment("a0", 0, len(DOC)), Fragment(prefix_rid, 0, len(doc_b)))
+    assert first.fragments == (Fragment(prefix("a0"), 0, len(DOC)), Fragment(prefix("b0", len(doc_b)), 0, len(doc_b)))
     assert second.fragments == (
-        Fragment("a0", len(DOC), TAIL), *(Fragment(f"a{i}", len(DOC), TAIL) for i in (1, 2, 3)),
-        *(Fragment(f"b{i}", len(doc_b), TAIL) for i in range(4)),
+        *(Fragment(f"a{i}", len(DOC), TAIL) for i in range(4)), *(Fragment(f"b{i}", len(doc_b), TAIL) for i in range(4)),
     )
-    assert [r.cached_tokens for r in a + b] == [0] + [len(DOC)] * 3 + [len(doc_b)] * 4
+    assert [r.cached_tokens for r in a + b] == [len(DOC)] * 4 + [len(doc_b)] * 4
     counters = h.cache.rf_sched.promises.counters
     assert (counters.registered, counters.published, counters.cancelled) == (2, 2, 0)
     h.assert_idle_invariants()  # the prefix request's row, KV and mamba slot went back like any request's

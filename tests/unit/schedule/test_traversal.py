@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_radixflow.cache.promises import PromiseState
+from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import PassHarness, make_request
 
@@ -21,17 +22,43 @@ def unrelated():  # noqa: ANN201
     return make_request("other", list(range(5000, 5300)))
 
 
-def harness(components, arm: str, slot_wait: bool = False) -> PassHarness:  # noqa: ANN001
-    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64, slot_wait=slot_wait)
+def harness(components, arm: str, slot_wait: bool = False, prefix_requests: bool = True) -> PassHarness:  # noqa: ANN001
+    return PassHarness(
+        components, arm=arm, kv_size=8192, mamba_cache_size=64, slot_wait=slot_wait, prefix_requests=prefix_requests,
+    )
 
 
 def rids(reqs) -> list[str]:  # noqa: ANN001
     return [r.rid for r in reqs]
 
 
+def prefix(rid: str, boundary: int = len(DOC)) -> str:
+    """The rid of the prefix request publishing `rid`'s first `boundary` tokens."""
+    return f"{rid}{PREFIX_RID_MARK}{boundary}"
+
+
 def test_skip_admits_producer_and_unrelated_and_defers_consumers_on_hybrid() -> None:
     h = harness(HYBRID, "radixflow")
     free_slots = h.pool.mamba_allocator.available_size()
+    h.submit(*candidates(), unrelated())
+    batch = h.run_pass()
+    # The producer publishes its first b tokens through a prefix request (no_buffer: the state lands at its end)
+    # and waits with its siblings; SGLang's chunk slot stays free.
+    assert rids(batch) == [prefix("c0"), "other"]
+    assert rids(h.waiting) == ["c0", "c1", "c2", "c3"]
+    assert batch[0].extend_end == len(DOC) and list(batch[0].origin_input_ids) == DOC
+    assert h.sched.chunked_req is None
+    (promise,) = h.cache.rf_sched.promises.for_producer(prefix("c0"))
+    assert promise.boundary == len(DOC) and promise.state is PromiseState.OPEN
+    # Skipped consumers leave nothing staged: no COW source, no slot, no flag.
+    for req in h.waiting:
+        assert req.kv.mamba_cow_src_index is None and not req.kv.mamba_needs_clear and not req.kv.holds_mamba
+    assert h.pool.mamba_allocator.available_size() == free_slots
+    assert h.cache.rf_sched.end_pass() is None  # the pass closed its scratch
+
+
+def test_without_prefix_requests_the_producer_cuts_its_own_chunk_at_b() -> None:
+    h = harness(HYBRID, "radixflow", prefix_requests=False)
     h.submit(*candidates(), unrelated())
     batch = h.run_pass()
     assert rids(batch) == ["c0", "other"]
@@ -41,18 +68,13 @@ def test_skip_admits_producer_and_unrelated_and_defers_consumers_on_hybrid() -> 
     assert h.sched.chunked_req is producer
     (promise,) = h.cache.rf_sched.promises.for_producer("c0")
     assert promise.boundary == len(DOC) and promise.state is PromiseState.OPEN
-    # Skipped consumers leave nothing staged: no COW source, no slot, no flag.
-    for req in h.waiting:
-        assert req.kv.mamba_cow_src_index is None and not req.kv.mamba_needs_clear and not req.kv.holds_mamba
-    assert h.pool.mamba_allocator.available_size() == free_slots
-    assert h.cache.rf_sched.end_pass() is None  # the pass closed its scratch
 
 
 def test_stop_mode_leaves_the_unrelated_request_out() -> None:
     h = harness(HYBRID, "prefix-stop")
     h.submit(*candidates(), unrelated())
-    assert rids(h.run_pass()) == ["c0"]
-    assert rids(h.waiting) == ["c1", "c2", "c3", "other"]
+    assert rids(h.run_pass()) == [prefix("c0")]
+    assert rids(h.waiting) == ["c0", "c1", "c2", "c3", "other"]
 
 
 def test_native_sglang_admits_every_sibling_each_recomputing_the_document() -> None:
@@ -74,7 +96,7 @@ def test_full_attention_producer_runs_whole_and_consumers_wait_for_its_kv() -> N
 
 
 def test_namespaces_never_wait_on_each_other() -> None:
-    h = harness(HYBRID, "radixflow", slot_wait=True)
+    h = harness(HYBRID, "radixflow", slot_wait=True, prefix_requests=False)
     a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
     h.submit(a[0], b[0], a[1], b[1])
     batch = h.run_pass()
@@ -89,7 +111,7 @@ def test_namespaces_never_wait_on_each_other() -> None:
 
 
 def test_deferral_is_bounded() -> None:
-    h = harness(HYBRID, "radixflow")
+    h = harness(HYBRID, "radixflow", prefix_requests=False)
     limit = h.cache.rf_sched.config.max_defer_rounds
     h.submit(*candidates())
     h.run_pass()
@@ -100,7 +122,7 @@ def test_deferral_is_bounded() -> None:
 
 
 def test_cancelled_promise_releases_its_consumers() -> None:
-    h = harness(HYBRID, "radixflow")
+    h = harness(HYBRID, "radixflow", prefix_requests=False)
     h.submit(*candidates())
     (producer,) = h.run_pass()
     h.sched.chunked_req = None
@@ -123,16 +145,21 @@ def test_identical_decisions_when_replayed(arm: str) -> None:
     assert out[0] == out[1]
 
 
-def test_the_second_namespace_publishes_through_a_prefix_request() -> None:
-    """The chunk slot is tenant-a's producer's: tenant-b's producer publishes its b through a prefix request (its own
-    namespace), and both tenants' consumers wait for their own producer."""
+def test_each_namespace_publishes_through_its_own_prefix_request() -> None:
+    """Both tenants' producers publish their b through prefix requests in their own namespace, in one round, and each
+    tenant's consumers wait for their own producer only."""
     h = harness(HYBRID, "radixflow")
     a, b = candidates(salt="tenant-a")[:2], candidates(salt="tenant-b")[2:]
     h.submit(a[0], b[0], a[1], b[1])
     batch = h.run_pass()
-    assert rids(batch) == ["c0", f"c2#radixflow-prefix-{len(DOC)}"]
-    assert batch[1].cache_salt == "tenant-b" and list(batch[1].origin_input_ids) == DOC
-    assert rids(h.waiting) == ["c2", "c1", "c3"]
+    assert rids(batch) == [prefix("c0"), prefix("c2")]
+    assert [r.cache_salt for r in batch] == ["tenant-a", "tenant-b"]
+    assert all(list(r.origin_input_ids) == DOC for r in batch)
+    assert rids(h.waiting) == ["c0", "c2", "c1", "c3"]
+    promises = {p.producer_rid: p for p in h.cache.rf_sched.promises.open_promises()}
+    assert promises[prefix("c0")].namespace == (None, "tenant-a")
+    assert promises[prefix("c2")].namespace == (None, "tenant-b")
+    assert not promises[prefix("c0")].covers((None, "tenant-b"), b[0].origin_input_ids)
 
 
 def test_without_prefix_requests_the_second_namespace_runs_natively() -> None:
@@ -147,7 +174,9 @@ def test_without_prefix_requests_the_second_namespace_runs_natively() -> None:
 def test_a_cut_producer_is_never_replaced_by_a_second_chunked_request() -> None:
     """The producer's chunk ends at b with budget left; a long unrelated request that would need a chunk must not
     take SGLang's single chunked-request slot (it would silently replace the producer)."""
-    h = PassHarness(HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64)
+    h = PassHarness(
+        HYBRID, arm="radixflow", token_budget=1000, kv_size=8192, mamba_cache_size=64, prefix_requests=False,
+    )
     h.submit(*candidates()[:2], make_request("long", list(range(7000, 7900))))
     batch = h.run_pass()
     assert rids(batch) == ["c0"]
