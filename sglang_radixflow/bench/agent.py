@@ -25,7 +25,7 @@ from sglang_radixflow.bench.agent_workload import AgentParams, AgentWorkload, li
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import SGLangServer, live_servers
-from sglang_radixflow.models import ensure_model
+from sglang_radixflow.models import MAX_POSITIONS, ensure_model
 
 POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
@@ -73,7 +73,9 @@ def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK) ->
     # finish). Whole prompts in one extend would leave the first turn (system + first message, most of a history)
     # as one stateless span: a hybrid path could then only be kept whole or lost whole there. Chunking every
     # policy's prefills alike leaves a state every `chunk` tokens.
-    states_per_agent = params.turns + -(-(params.system_tokens + params.first_tokens) // chunk) + 2
+    # A turn's extend longer than a chunk leaves a state per chunk, too (long --new-tokens).
+    per_turn = -(-(params.new_tokens + params.new_jitter + params.gen_tokens) // chunk)
+    states_per_agent = params.turns * per_turn + -(-(params.system_tokens + params.first_tokens) // chunk) + 2
     args = ["--radix-eviction-policy", policy, "--max-total-tokens", str(params.kv_tokens()),
             "--max-running-requests", str(params.active), "--chunked-prefill-size", str(chunk),
             # states are not what is scarce here: every chunk / turn may keep one (KV capacity m is the constraint)
@@ -403,6 +405,27 @@ QUICK = dict(agents=12, active=3, capacity=10.0, turns=5, system_tokens=128, fir
              gen_tokens=4)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type for token counts (argparse names the flag: `argument --first-tokens: needs ...`)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"needs an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"needs an integer >= 1, got {value}")
+    return value
+
+
+def prompt_too_long(params: AgentParams, max_positions: int = MAX_POSITIONS) -> Optional[str]:
+    """Why the longest prompt (+ its output) overflows the tiny models' positions, or None if it fits. SGLang would
+    only reject such a request mid-run, after servers have started."""
+    longest = params.max_prompt_tokens() + params.gen_tokens
+    if longest <= max_positions:
+        return None
+    return (f"the longest prompt + output is {longest} tokens, over the tiny models' {max_positions} positions: "
+            f"lower --first-tokens / --new-tokens / --turns")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = AgentParams()
     p.add_argument("--out", required=True, help="output directory")
@@ -414,6 +437,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--active", type=int, default=None, help=f"n_a (default {d.active})")
     p.add_argument("--capacity", type=float, default=None, help=f"m, in trajectories (default {d.capacity})")
     p.add_argument("--turns", type=int, default=None, help=f"turns per agent (default {d.turns})")
+    p.add_argument("--first-tokens", type=_positive_int, default=None,
+                   help=f"private first message per agent, tokens (default {d.first_tokens})")
+    p.add_argument("--new-tokens", type=_positive_int, default=None,
+                   help=f"user/tool tokens appended per turn, mean (default {d.new_tokens})")
     p.add_argument("--seed", type=int, default=0, help="first schedule seed")
     p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
     p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
@@ -423,14 +450,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 
+def params_from_args(args: argparse.Namespace) -> AgentParams:
+    """The default (or --quick) workload with the flags given on top."""
+    base = AgentParams(**QUICK) if args.quick else AgentParams()
+    overrides = {k: getattr(args, k) for k in ("agents", "active", "capacity", "turns", "first_tokens", "new_tokens")
+                 if getattr(args, k) is not None}
+    return replace(base, seed=args.seed, **overrides)
+
+
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.report_only:
         summary = write_report(out)
     else:
-        base = AgentParams(**QUICK) if args.quick else AgentParams()
-        overrides = {k: getattr(args, k) for k in ("agents", "active", "capacity", "turns") if getattr(args, k) is not None}
-        params = replace(base, seed=args.seed, **overrides)
+        params = params_from_args(args)
+        too_long = prompt_too_long(params)
+        if too_long:
+            raise SystemExit(f"radixflow bench agent: {too_long}")
         opts = AgentBenchOptions(
             out=out, params=params, models=tuple(m for m in args.models.split(",") if m),
             policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),

@@ -57,6 +57,15 @@ class AgentParams:
         """Private history length after the last turn (first message + every turn's new and generated tokens)."""
         return self.first_tokens + self.gen_tokens + (self.new_tokens + self.gen_tokens) * (self.turns - 1)
 
+    @property
+    def new_jitter(self) -> int:  # a turn's new tokens are new_tokens +/- this
+        return max(1, self.new_tokens // 4)
+
+    def max_prompt_tokens(self) -> int:
+        """Upper bound on any prompt: system + first message + every earlier turn's output and new tokens at most."""
+        return (self.system_tokens + self.first_tokens
+                + (self.new_tokens + self.new_jitter + self.gen_tokens) * (self.turns - 1))
+
     def kv_tokens(self) -> int:
         """One shared system prompt + m private histories of final length (so m(t) >= m all run long)."""
         return int(self.system_tokens + self.capacity * self.final_trajectory_tokens())
@@ -82,7 +91,8 @@ class AgentWorkload:
             "idle_fraction_s": p.idle_fraction, "ideal_retained_h": p.ideal_retained,
             "ideal_missed_fraction_q": 1.0 - p.ideal_retained, "kv_tokens": p.kv_tokens(),
             "mean_trajectory_tokens": p.mean_trajectory_tokens(),
-            "final_trajectory_tokens": p.final_trajectory_tokens(), "requests": len(self.schedule),
+            "final_trajectory_tokens": p.final_trajectory_tokens(), "max_prompt_tokens": p.max_prompt_tokens(),
+            "requests": len(self.schedule),
             # every agent's own history is reusable on every return turn; only the new tokens must be computed
             "ideal_reuse_ratio": ideal_reuse_ratio(self),
         }
@@ -95,7 +105,7 @@ def make_agent_workload(params: AgentParams) -> AgentWorkload:
     agents = []
     for a in range(params.agents):
         first = system + [rng.randrange(lo, hi) for _ in range(params.first_tokens)]
-        jitter = max(1, params.new_tokens // 4)
+        jitter = params.new_jitter
         new = [[rng.randrange(lo, hi) for _ in range(max(1, params.new_tokens + rng.randint(-jitter, jitter)))]
                for _ in range(params.turns - 1)]
         agents.append(Agent(a, first, new))

@@ -1,6 +1,7 @@
 """Agent workload (seeded, n_a < m < n) and the agent summary / report built from saved per-turn records."""
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -116,3 +117,44 @@ def test_seeds_pool_distinct_schedules_and_steady_stats_keep_only_in_regime_turn
     recs = [{**r, "in_regime": r["agent"] != 0} for r in _records("lru")]  # agent 0's whole misses fall outside
     arm = agent.arm_summary("qwen3", "lru", recs, [], [])
     assert arm["steady_turns"] == 6 and arm["steady_missed_p99"] == 30.0 and arm["missed_tokens_p99"] > 250
+
+
+def test_first_and_new_tokens_set_history_lengths_and_kv_tokens_deterministically() -> None:
+    base = AgentParams()
+    long = replace(base, first_tokens=3000, new_tokens=200)
+    w1, w2 = make_agent_workload(long), make_agent_workload(long)
+    assert [a.first for a in w1.agents] == [a.first for a in w2.agents] and [a.new for a in w1.agents] == [
+        a.new for a in w2.agents]
+    assert all(len(a.first) == long.system_tokens + 3000 for a in w1.agents)
+    news = [len(n) for a in w1.agents for n in a.new]
+    assert min(news) >= 200 - long.new_jitter and max(news) <= 200 + long.new_jitter
+    assert abs(sum(news) / len(news) - 200) < 10
+    # the final history grows by (new - 40) more tokens per later turn; the pool by m of those histories
+    assert long.final_trajectory_tokens() == base.final_trajectory_tokens() + 2400 + 160 * (base.turns - 1)
+    assert long.kv_tokens() == int(long.system_tokens + long.capacity * long.final_trajectory_tokens())
+    assert long.kv_tokens() > 4 * base.kv_tokens()
+    longest = max(len(a.first) + sum(len(n) + long.gen_tokens for n in a.new) for a in w1.agents)
+    assert longest <= long.max_prompt_tokens()
+    d = w1.describe()
+    assert (d["first_tokens"], d["new_tokens"], d["kv_tokens"]) == (3000, 200, long.kv_tokens())
+    # a hybrid's 200-token turns take two chunks each: the mamba pool has room for them
+    hy = agent.server_args("rr", long, agent.HYBRID_CHUNK)
+    chunks = -(-(long.system_tokens + long.first_tokens) // agent.HYBRID_CHUNK)
+    assert int(hy[hy.index("--max-mamba-cache-size") + 1]) >= long.agents * (2 * long.turns + chunks)
+
+
+def test_cli_token_flags_reach_the_params_and_bad_values_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    agent.add_arguments(parser)
+    params = agent.params_from_args(parser.parse_args(["--out", "x", "--first-tokens", "3000", "--new-tokens", "200"]))
+    assert params == replace(AgentParams(), first_tokens=3000, new_tokens=200)
+    assert agent.params_from_args(parser.parse_args(["--out", "x"])) == AgentParams()
+    assert agent.params_from_args(parser.parse_args(["--out", "x", "--quick"])) == AgentParams(**agent.QUICK)
+    quick_long = agent.params_from_args(parser.parse_args(["--out", "x", "--quick", "--first-tokens", "1000"]))
+    assert quick_long == AgentParams(**{**agent.QUICK, "first_tokens": 1000})
+    for flag, value in (("--first-tokens", "0"), ("--new-tokens", "-5"), ("--new-tokens", "abc")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--out", "x", flag, value])
+        assert f"argument {flag}: needs an integer >= 1" in capsys.readouterr().err
+    assert agent.prompt_too_long(replace(AgentParams(), first_tokens=3000, new_tokens=200)) is None
+    assert "lower --first-tokens" in (agent.prompt_too_long(replace(AgentParams(), first_tokens=16000)) or "")
