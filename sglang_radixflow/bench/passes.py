@@ -177,6 +177,11 @@ class PassHarness:
 
     def execute(self, batch: Optional[ScheduleBatch] = None) -> RoundRecord:
         """Run an admitted batch as one round, as SGLang does after the pass: allocate, forward, process."""
+        return self.finish(self.launch(batch))
+
+    def launch(self, batch: Optional[ScheduleBatch] = None) -> tuple[ScheduleBatch, tuple[Fragment, ...]]:
+        """The first half of a round: allocate the admitted batch and launch its forward (Scheduler.run_batch). With
+        the overlap scheduler the next pass runs before this round's results are processed (`finish`)."""
         batch = batch if batch is not None else self.batch
         assert batch is not None, "no admitted batch to execute"
         fragments = tuple(Fragment(str(r.rid), int(r.prefix_len), int(r.extend_len)) for r in batch.reqs)
@@ -186,13 +191,22 @@ class PassHarness:
         # Scheduler.run_batch: one worker call = one round. No forward runs: states stay garbage.
         self.forward_ct += 1
         batch.forward_iter = self.forward_ct
+        if batch is self.batch:
+            self.batch = None
+        self.last_batch = batch  # Scheduler.last_batch: the round launched last (its KV is in use until processed)
+        return batch, fragments
+
+    def finish(self, launched: tuple[ScheduleBatch, tuple[Fragment, ...]]) -> RoundRecord:
+        """The second half of a round: SGLang's result processing (cache inserts, publication), then its checks."""
+        batch, fragments = launched
         result = GenerationBatchResult(
             next_token_ids=torch.full((len(batch.reqs),), SAMPLED_TOKEN, dtype=torch.int64),
         )
         # Finished at prefill -> release_kv_cache(checkpoint=True); a middle chunk waits for the next pass's stash.
         self.processor.process_batch_result_prefill(batch, result)
         for req, frag in zip(batch.reqs, fragments):
-            assert req.finished() or req is self.sched.chunked_req, (
+            # A request whose whole prompt ran must have finished (a middle chunk continues in a later round).
+            assert req.finished() or frag.prefix_len + frag.extend_len < len(req.origin_input_ids), (
                 f"{req.rid} needs decode rounds; this harness runs prefill-only workloads (max_new_tokens=1)"
             )
             # A request sampled (finished) before its prompt was fully computed would answer a truncated prompt.
@@ -200,12 +214,11 @@ class PassHarness:
                 f"{req.rid} finished after {frag.prefix_len + frag.extend_len} of {len(req.origin_input_ids)} "
                 "prompt tokens (a middle chunk was processed as a last one)"
             )
-        self.last_batch, self.batch = batch, None
         # The scheduler's per-step check (strict mode): KV slots conserved, no page both owned and free.
         with envs.SGLANG_CHECK_KV_PAGE_INVARIANTS.override(True), \
                 envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE.override(True):
             self.invariants.self_check_during_busy()
-        record = RoundRecord(self.forward_ct, fragments)
+        record = RoundRecord(int(batch.forward_iter), fragments)
         self.rounds.append(record)
         return record
 

@@ -33,6 +33,9 @@ class Promise:
     # Full attention: the producer's KV serves every prefix of the promised one, so a request sharing only part of
     # it (another question on the same document) is served up to what it shares. Hybrids publish one state, at b.
     partial: bool = False
+    # (waiting request, tokens of it this promise serves) for the siblings the producer was planned for: lets the
+    # scheduler prove them Blocked while the promise is in flight without matching them (SchedulingState).
+    consumers: tuple = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tokens = as_tokens(self.tokens)

@@ -75,7 +75,10 @@ class RadixFlowCache(UnifiedRadixCache):
         else:
             mode = PublishMode.TRACK if self.enable_mamba_extra_buffer else PublishMode.CHUNK_END
             chunk = int(mamba.mamba_cache_chunk_size)
-        self.rf_sched = SchedulingState(config, mode, chunk, state_ready_len=self.state_ready_len, trace=self.rf_trace)
+        self.rf_sched = SchedulingState(
+            config, mode, chunk, state_ready_len=self.state_ready_len, trace=self.rf_trace,
+            path_len=self.path_len if self.page_size == 1 else None,
+        )
 
     def state_ready_len(self, namespace: Any, tokens: Any) -> int:
         """Deepest position on `tokens`' path where every component is present and published (a node boundary, or
@@ -102,6 +105,26 @@ class RadixFlowCache(UnifiedRadixCache):
             if all(valid(node) for valid in validators):
                 ready = offset
         return ready
+
+    def path_len(self, namespace: Any, tokens: Any) -> int:
+        """How many of `tokens`' first tokens the tree holds as a path in `namespace`, whatever the nodes hold: an
+        upper bound of what any match of a key starting with those tokens returns. Read-only, like state_ready_len.
+        Page size 1 only (the caller's proofs compare it with unaligned lengths)."""
+        assert self.page_size == 1, "path_len compares token counts, not pages"
+        extra_key, cache_salt = namespace
+        key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt)
+        core = self.tree_core
+        node, offset = core.root_node, 0
+        while offset < len(key):
+            child = node.children.get(key.child_key_at(offset, 1))
+            if child is None:
+                break
+            matched = child.key.match_at(key, offset, page_size=1)
+            offset += matched
+            if matched < len(child.key):
+                break
+            node = child
+        return offset
 
     def checkpoint_into_tree(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         super().checkpoint_into_tree(req, up_to=up_to, **kwargs)

@@ -97,7 +97,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         result = super().add_one_req(prefix, has_chunked_req, truncation_align_size)
         if self.can_run_list and self.can_run_list[-1] is prefix:
             sched.note_admitted(prefix, plan, token_hit(prefix))
-            sched.note_prefix_request(req)
+            sched.note_prefix_request(req, prefix)
             return result
         release_staged(prefix, self.tree_cache)  # not admitted (budget): it never existed
         return result

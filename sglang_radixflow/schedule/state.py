@@ -61,8 +61,10 @@ class SchedulingState:
     def __init__(
         self, config: RadixFlowConfig, mode: PublishMode, cache_chunk: int,
         state_ready_len: Optional[Callable[[Any, Any], int]] = None, trace: Optional[TraceWriter] = None,
+        path_len: Optional[Callable[[Any, Any], int]] = None,
     ) -> None:
         self.config = config
+        self._path_len = path_len  # the tree's held path length (RadixFlowCache.path_len); None: not screened
         self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0))
         self.recorder = RoundRecorder(trace or TraceWriter(None))
         self.pending_pass: Optional[tuple] = None  # (batch, PassStats, S, T, waiting after) until run_batch
@@ -81,6 +83,7 @@ class SchedulingState:
         # them without SGLang matching them (scan_queue.ScanQueue). Cleared at every pass boundary.
         self._known_blocked: dict[int, Any] = {}
         self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
+        self._examined = 0  # requests SGLang handed to the adder (identifies the scan's own iteration)
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -98,6 +101,7 @@ class SchedulingState:
         self._index_fresh = False
         self._known_blocked = {}
         self._screened = []
+        self._mark_in_flight()
 
     def index_waiting(self, waiting: list[Any]) -> None:
         """Bring the sibling index up to `waiting` now (normally done lazily by the first plan of a pass)."""
@@ -123,24 +127,28 @@ class SchedulingState:
 
     # ---- verdicts ----
     def screens_scan(self) -> bool:
-        """Whether an iteration of the waiting queue starting now is SGLang's scan and may skip known-Blocked requests:
-        a pass is on, it skips (not stop), and nothing is marked yet (marks are made only inside the scan, so any
-        later iteration - SGLang rebuilding its queue after the scan - sees every request)."""
-        return self.current is not None and self.traversal == "skip" and not self._known_blocked
+        """Whether an iteration of the waiting queue starting now may skip known-Blocked requests: a pass is on and it
+        skips (not stop). Which iteration is SGLang's scan is settled inside `screen`."""
+        return self.current is not None and self.traversal == "skip"
 
     def screen(self, requests: Iterator[Any]) -> Iterator[Any]:
         """`requests` less those proven Blocked (within their deferral bound), with nothing staged to undo.
 
+        Only SGLang's scan may skip anything: it is the iteration during which SGLang hands the requests it yields to
+        the adder (`note_examined`). Until that happens the iteration yields everything, so the other iterations of
+        the queue (policy sorting, SGLang rebuilding the queue after the scan) always see every request.
         SGLang checks its pass budget before each request it examines and ends the scan when it is spent; skipping
         admits nothing, so those checks answer alike for a run of skipped requests and the next one examined. The
         skipped ones are therefore counted as Blocked (note_blocked, which moves their deferral bound) only once
-        SGLang goes on to examine the next request (`note_examined`); a queue that ends on skipped requests yields
-        its last one so that SGLang's checks decide there too (it then gets add_one_req's own verdict)."""
+        SGLang goes on to examine the next request; a queue that ends on skipped requests yields its last one so that
+        SGLang's checks decide there too (it then gets add_one_req's own verdict)."""
         known = self._known_blocked
         bound = self.config.max_defer_rounds
+        start, scan = self._examined, False
         run: list[Any] = []  # skipped since the last request yielded
         for req in requests:
-            if known and id(req) in known and getattr(req, DEFER_COUNT, 0) < bound:
+            scan = scan or self._examined != start
+            if scan and known and id(req) in known and getattr(req, DEFER_COUNT, 0) < bound:
                 run.append(req)
                 continue
             if run:
@@ -153,6 +161,7 @@ class SchedulingState:
 
     def note_examined(self) -> None:
         """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
+        self._examined += 1
         if self._screened:
             for req in self._screened:
                 self.note_blocked(req)
@@ -191,10 +200,14 @@ class SchedulingState:
         ahead = [p.boundary for p in self.promises.for_producer(str(req.rid)) if p.boundary > int(req.prefix_len)]
         return min(ahead) if ahead else None
 
-    def note_prefix_request(self, req: Any) -> None:
-        """req's prefix runs as a prefix request this round; req itself waits (counted as a deferral)."""
+    def note_prefix_request(self, req: Any, prefix: Any) -> None:
+        """req's prefix runs as the prefix request `prefix` this round; req itself waits (counted as a deferral) and,
+        like its siblings, is a consumer of the prefix's promise."""
         assert self.current is not None
         self.current.prefix_requests += 1
+        for promise in self.promises.for_producer(str(prefix.rid)):
+            if promise.consumers and req.token_indices_to_pool is None:
+                promise.consumers = (*promise.consumers, (req, promise.boundary))
         setattr(req, DEFER_COUNT, getattr(req, DEFER_COUNT, 0) + 1)
 
     def note_fragment_skip(self, req: Any) -> None:
@@ -241,34 +254,60 @@ class SchedulingState:
         if plan.mode is PublishMode.TRACK:
             req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
         tokens = request_tokens(req)
-        for boundary in (plan.boundary, *plan.later):
+        promises = [
             self.promises.register(
                 namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id,
                 partial=plan.mode is PublishMode.KV,
             )
+            for boundary in (plan.boundary, *plan.later)
+        ]
         self.current.producers += 1
-        self._mark_consumers(req, tokens, plan, token_hit)
+        if self.traversal == "skip" and req.token_indices_to_pool is None:
+            promises[0].consumers = self._consumers(plan)
+            self._mark_consumers(req, tokens, promises[0], token_hit)
 
-    def _mark_consumers(self, producer: Any, tokens: Any, plan: ProducerPlan, token_hit: int) -> None:
-        """Mark the siblings that the promise just registered provably Blocks, so the scan skips them unmatched.
+    @staticmethod
+    def _consumers(plan: ProducerPlan) -> tuple[tuple[Any, int], ...]:
+        """(sibling, tokens the plan's promise serves it) for every sibling it serves: b for a sibling that starts
+        with the whole promised prefix, and on full attention (partial promises) the shared part for the others.
+        (SGLang's scan passes over readouts of another pooling mode: those are left to its own checks.)"""
+        partial = plan.mode is PublishMode.KV
+        result = []
+        for sib, shared in plan.shared:
+            served = min(shared, plan.boundary) if partial else (plan.boundary if shared >= plan.boundary else 0)
+            if served > 0 and sib.token_indices_to_pool is None:
+                result.append((sib, served))
+        return tuple(result)
 
-        The producer's hit ĥ is below its key limit, so it is the tree's whole match of its path. A sibling whose
+    def _mark_consumers(self, producer: Any, tokens: Any, promise: Promise, token_hit: int) -> None:
+        """Mark the consumers that the promise just registered provably Blocks, so the scan skips them unmatched.
+
+        The producer's hit ĥ is below its key limit, so it is the tree's whole match of its path. A consumer whose
         first `served` tokens are the producer's, with served >= ĥ + min_gain > ĥ, matches the same path and stops at
         the same place (the tree does not hold those `served` tokens): its h <= ĥ, so `blocking_promise` would find
         served >= h + min_gain, i.e. Blocked. The tree only shrinks during a pass (inserts follow the forward), which
-        keeps this true until the scan reaches the sibling."""
-        if (
-            self.traversal != "skip" or not plan.shared or token_hit >= key_limit(producer, tokens)
-            or producer.token_indices_to_pool is not None
-        ):
+        keeps this true until the scan reaches the consumer."""
+        if token_hit >= key_limit(producer, tokens):
             return
-        need = token_hit + self.config.min_gain_tokens
-        partial = plan.mode is PublishMode.KV
+        self._mark(promise, token_hit)
+
+    def _mark_in_flight(self) -> None:
+        """At the start of a pass: mark the consumers of promises still in flight from earlier rounds (a chunked
+        producer, or the overlap scheduler publishing one round late). The same proof as `_mark_consumers`, with the
+        length of the promised prefix the tree holds now (an upper bound of any consumer's match on it) in place of
+        the producer's hit."""
+        if self.traversal != "skip" or self._path_len is None or not self.promises:
+            return
+        for promise in self.promises.open_promises():
+            if promise.consumers:
+                self._mark(promise, self._path_len(promise.namespace, promise.tokens))
+
+    def _mark(self, promise: Promise, held: int) -> None:
+        need = held + self.config.min_gain_tokens
         known = self._known_blocked
-        for sib, shared in plan.shared:
-            served = min(shared, plan.boundary) if partial else (plan.boundary if shared >= plan.boundary else 0)
-            if served >= need and sib.token_indices_to_pool is None:  # (SGLang's scan skips readouts of another mode)
-                known[id(sib)] = sib
+        for consumer, served in promise.consumers:
+            if served >= need:
+                known[id(consumer)] = consumer
 
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
                     ) -> dict[str, Any]:

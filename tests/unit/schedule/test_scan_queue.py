@@ -38,9 +38,10 @@ def waves(seed: int) -> list[list[Req]]:
     return result
 
 
-def run(components: Any, seed: int, screened: bool) -> tuple[list[Any], list[int], int]:
+def run(components: Any, seed: int, screened: bool, overlap: bool = False) -> tuple[list[Any], list[int], int]:
     """(per-round fragments, per-pass Blocked skips, requests SGLang matched) over all waves, one wave arriving
-    every two rounds."""
+    every two rounds. overlap: as SGLang's overlap scheduler, each pass runs before the previous round's results are
+    processed, so every promise is still in flight at the next pass."""
     h = PassHarness(components, token_budget=512, rows=6, kv_size=16384, mamba_cache_size=64)
     matched = [0]
     original = Req.init_next_round_input
@@ -58,7 +59,8 @@ def run(components: Any, seed: int, screened: bool) -> tuple[list[Any], list[int
     try:
         pending = waves(seed)
         rounds = 0
-        while pending or h.waiting or h.sched.chunked_req is not None:
+        in_flight = None  # a launched round whose results are not processed yet (overlap)
+        while pending or h.waiting or h.sched.chunked_req is not None or in_flight is not None:
             if pending and rounds % 2 == 0:
                 h.submit(*pending.pop(0))
             rounds += 1
@@ -71,8 +73,15 @@ def run(components: Any, seed: int, screened: bool) -> tuple[list[Any], list[int
             # Nothing is lost: every request queued before the pass is admitted now or still waiting.
             assert queued <= {id(r) for r in admitted} | {id(r) for r in h.waiting}
             assert type(h.sched.waiting_queue) is list  # the screen is gone after the pass
-            if admitted:
-                h.execute()
+            launched = h.launch() if admitted else None
+            if in_flight is not None:
+                h.finish(in_flight)
+                in_flight = None
+            if launched is not None:
+                if overlap:
+                    in_flight = launched
+                else:
+                    h.finish(launched)
         h.assert_idle_invariants()
     finally:
         for p in reversed(patches):
@@ -80,11 +89,12 @@ def run(components: Any, seed: int, screened: bool) -> tuple[list[Any], list[int
     return [r.fragments for r in h.rounds], blocked, matched[0]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_screening_changes_the_work_not_the_schedule(components: Any, seed: int) -> None:
-    plain_rounds, plain_blocked, plain_matched = run(components, seed, screened=False)
-    rounds, blocked, matched = run(components, seed, screened=True)
+def test_screening_changes_the_work_not_the_schedule(components: Any, seed: int, overlap: bool) -> None:
+    plain_rounds, plain_blocked, plain_matched = run(components, seed, screened=False, overlap=overlap)
+    rounds, blocked, matched = run(components, seed, screened=True, overlap=overlap)
     assert rounds == plain_rounds
     assert blocked == plain_blocked
     assert sum(blocked) > 0, "the workload must exercise Blocked verdicts"
@@ -93,24 +103,28 @@ def test_screening_changes_the_work_not_the_schedule(components: Any, seed: int)
 
 
 def test_scan_queue_hides_marked_requests_from_the_scan_only() -> None:
-    """Outside a pass, and in any iteration that starts after the pass marked something (SGLang rebuilding its
-    queue), every request is seen; the scan's own iteration skips marked ones as it reaches them."""
+    """Outside a pass, and in any iteration during which SGLang examines nothing (policy sorting, the rebuild of the
+    queue after the scan), every request is seen; the scan's own iteration skips marked ones as it reaches them."""
     h = PassHarness(FULL)
     state = h.cache.rf_sched
-    reqs = [make_request(f"r{i}", list(range(100 * i + 1, 100 * i + 40))) for i in range(4)]
+    reqs = [make_request(f"r{i}", list(range(100 * i + 1, 100 * i + 40))) for i in range(5)]
     queue = scan_queue.ScanQueue(reqs, state)
     assert list(queue) == reqs  # no pass: plain
     state.begin_pass(1, reqs)
-    scan = iter(queue)  # starts before any mark: the scan
-    assert next(scan) is reqs[0]
-    state._known_blocked[id(reqs[1])] = reqs[1]  # what mark_consumers records for a proven-Blocked sibling
-    assert next(scan) is reqs[2]
-    assert state.current is not None and state.current.blocked_skips == 0  # SGLang has not examined reqs[2] yet
-    state.note_examined()  # it does: reqs[1] was passed over, counted as Blocked
+    state._known_blocked[id(reqs[0])] = reqs[0]  # what _mark_consumers / _mark_in_flight record
+    state._known_blocked[id(reqs[2])] = reqs[2]
+    assert list(queue) == reqs  # nothing examined during this iteration: not the scan, nothing skipped
+    scan = iter(queue)
+    assert next(scan) is reqs[0]  # the scan is recognised by its first examination, so its first request is seen
+    state.note_examined()  # SGLang hands it to the adder
+    assert next(scan) is reqs[1]
+    state.note_examined()
+    assert next(scan) is reqs[3]  # reqs[2] passed over ...
+    assert state.current is not None and state.current.blocked_skips == 0
+    state.note_examined()  # ... and counted as Blocked once SGLang examines reqs[3]
     assert state.current.blocked_skips == 1
-    state._known_blocked[id(reqs[3])] = reqs[3]
-    assert list(scan) == [reqs[3]]  # the queue ends on a screened request: SGLang's checks decide there
-    assert state.current.blocked_skips == 1
+    state._known_blocked[id(reqs[4])] = reqs[4]
+    assert list(scan) == [reqs[4]]  # the queue ends on a screened request: SGLang's checks decide there
     assert list(queue) == reqs  # a later iteration (the rebuild) sees everything
     state.end_pass()
     assert list(queue) == reqs
