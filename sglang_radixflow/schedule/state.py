@@ -44,6 +44,7 @@ class PassStats:
     round_id: int
     waiting: int
     blocked_skips: int = 0
+    screened: int = 0  # of the blocked skips, those screened out of SGLang's scan (never matched)
     fragment_skips: int = 0
     stopped_on_blocked: bool = False
     producers: int = 0
@@ -165,6 +166,8 @@ class SchedulingState:
         if self._screened:
             for req in self._screened:
                 self.note_blocked(req)
+            assert self.current is not None
+            self.current.screened += len(self._screened)
             self._screened.clear()
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
@@ -321,7 +324,8 @@ class SchedulingState:
         )
         return {
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
-            "blocked_skips": stats.blocked_skips, "fragment_skips": stats.fragment_skips, "deferred": len(waiting_after), "producers": stats.producers,
+            "blocked_skips": stats.blocked_skips, "blocked_screened": stats.screened,
+            "fragment_skips": stats.fragment_skips, "deferred": len(waiting_after), "producers": stats.producers,
             "prefix_requests": stats.prefix_requests,
             "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
             "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,

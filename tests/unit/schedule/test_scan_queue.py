@@ -51,6 +51,7 @@ def run(components: Any, seed: int, screened: bool, overlap: bool = False) -> tu
         return original(self, *a, **k)
 
     blocked: list[int] = []
+    screened_skips = [0]
     patches = [mock.patch.object(Req, "init_next_round_input", counting)]
     if not screened:
         patches.append(mock.patch.object(scan_queue, "install", lambda scheduler, state: None))
@@ -69,6 +70,7 @@ def run(components: Any, seed: int, screened: bool, overlap: bool = False) -> tu
             admitted = h.run_pass()
             stats = h.cache.rf_sched.pending_pass
             blocked.append(stats[1].blocked_skips if stats is not None and admitted else 0)
+            screened_skips[0] += stats[1].screened if stats is not None and admitted else 0
             h.cache.rf_sched.pending_pass = None
             # Nothing is lost: every request queued before the pass is admitted now or still waiting.
             assert queued <= {id(r) for r in admitted} | {id(r) for r in h.waiting}
@@ -86,6 +88,8 @@ def run(components: Any, seed: int, screened: bool, overlap: bool = False) -> tu
     finally:
         for p in reversed(patches):
             p.stop()
+    # The passes report how many of their Blocked skips SGLang never matched: some with the screen, none without.
+    assert (screened_skips[0] > 0) is screened
     return [r.fragments for r in h.rounds], blocked, matched[0]
 
 
