@@ -72,7 +72,6 @@ class PromiseTable:
     def __init__(self, head_len: int = 0) -> None:
         self._open: dict[str, list[Promise]] = {}  # producer rid -> its open promises
         self.counters = PromiseCounters()
-        self.version = 0  # moves whenever a promise opens or closes
         # Open promises by (namespace, first head_len tokens), kept as promises open and close: a request is checked
         # only against the promises on its own first tokens (`candidates`). Shorter promises go on a list that every
         # request is checked against. head_len 0: no index.
@@ -99,9 +98,9 @@ class PromiseTable:
     ) -> Promise:
         promise = Promise(namespace, tokens, boundary, producer_rid, round_id, partial=partial)
         self._open.setdefault(producer_rid, []).append(promise)
-        self._head_list(promise).append(promise)
+        key = self._head_key_of(promise)
+        (self._short if key is None else self._by_head.setdefault(key, [])).append(promise)
         self.counters.registered += 1
-        self.version += 1
         return promise
 
     def head_key(self, namespace: Hashable, tokens: Sequence[int]) -> Optional[tuple]:
@@ -110,17 +109,15 @@ class PromiseTable:
             return None
         return (namespace, as_tokens(tokens[: self.head_len]).tobytes())
 
-    def candidates(self, head_key: Optional[tuple]) -> list[Promise]:
+    def candidates(self, head_key: Optional[tuple]) -> Sequence[Promise]:
         """Every open promise that could serve a request whose head_key is `head_key` (a request with no key: the
-        short promises only, since a longer promise serves only requests at least as long as its head)."""
+        short promises only, since a longer promise serves only requests at least as long as its head). Read-only:
+        the table's own lists when no short promise is open (checked for every request the scan examines)."""
         indexed = self._by_head.get(head_key, ()) if head_key is not None else ()
-        if not self._short:
-            return list(indexed)
-        return [*indexed, *self._short]
+        return [*indexed, *self._short] if self._short else indexed
 
-    def _head_list(self, promise: Promise) -> list[Promise]:
-        key = self.head_key(promise.namespace, promise.tokens) if promise.boundary >= self.head_len else None
-        return self._short if key is None else self._by_head.setdefault(key, [])
+    def _head_key_of(self, promise: Promise) -> Optional[tuple]:
+        return self.head_key(promise.namespace, promise.tokens)
 
     def for_producer(self, producer_rid: str) -> list[Promise]:
         return list(self._open.get(producer_rid, ()))
@@ -169,16 +166,19 @@ class PromiseTable:
     def _close(self, promise: Promise, state: PromiseState, round_id: int, reason: str) -> None:
         assert promise.state is PromiseState.OPEN, f"promise of {promise.producer_rid} already {promise.state}"
         promise.state, promise.closed_round, promise.reason = state, round_id, reason
-        self.version += 1
         remaining = [p for p in self._open.get(promise.producer_rid, ()) if p is not promise]
         if remaining:
             self._open[promise.producer_rid] = remaining
         else:
             self._open.pop(promise.producer_rid, None)
-        same_head = self._head_list(promise)
-        same_head.remove(promise)
-        if not same_head and same_head is not self._short:
-            del self._by_head[self.head_key(promise.namespace, promise.tokens)]
+        key = self._head_key_of(promise)
+        if key is None:
+            self._short.remove(promise)
+        else:
+            same_head = self._by_head[key]
+            same_head.remove(promise)
+            if not same_head:
+                del self._by_head[key]
 
 
 def as_tokens(tokens: Sequence[int]) -> array:

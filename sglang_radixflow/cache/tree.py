@@ -9,7 +9,7 @@ else is SGLang's own behaviour, unchanged.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -84,26 +84,18 @@ class RadixFlowCache(UnifiedRadixCache):
         """Deepest position on `tokens`' path where every component is present and published (a node boundary, or
         on full-attention caches any position inside a published node). Read-only:
         unlike match_prefix it splits no node and refreshes no LRU (so classifying never changes the tree)."""
-        extra_key, cache_salt = namespace
-        key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt).page_aligned(self.page_size)
-        core = self.tree_core
-        validators = core._create_match_validators(None, match_device_only=True)
+        validators = self.tree_core._create_match_validators(None, match_device_only=True)
         kv_only = ComponentType.MAMBA not in self.components
-        node, offset, ready = core.root_node, 0, 0
-        while offset < len(key):
-            child = node.children.get(key.child_key_at(offset, core.page_size))
-            if child is None:
-                break
-            matched = child.key.match_at(key, offset, page_size=core.page_size)
-            if matched < len(child.key):
+        ready = 0
+        for node, depth, matched in self._path(namespace, tokens):
+            if matched < len(node.key):
                 # The path continues inside this node. Full-attention KV is usable at any length (SGLang splits the
                 # node on a match); a state exists only at a node's end.
-                if kv_only and matched and all(valid(child) for valid in validators):
-                    ready = offset + matched
+                if kv_only and matched and all(valid(node) for valid in validators):
+                    ready = depth + matched
                 break
-            node, offset = child, offset + matched
             if all(valid(node) for valid in validators):
-                ready = offset
+                ready = depth + matched
         return ready
 
     def path_len(self, namespace: Any, tokens: Any) -> int:
@@ -111,20 +103,27 @@ class RadixFlowCache(UnifiedRadixCache):
         upper bound of what any match of a key starting with those tokens returns. Read-only, like state_ready_len.
         Page size 1 only (the caller's proofs compare it with unaligned lengths)."""
         assert self.page_size == 1, "path_len compares token counts, not pages"
+        held = 0
+        for _, depth, matched in self._path(namespace, tokens):
+            held = depth + matched
+        return held
+
+    def _path(self, namespace: Any, tokens: Any) -> Iterator[tuple[Any, int, int]]:
+        """The nodes along `tokens`' page-aligned key in `namespace`: (node, depth before it, tokens of the key it
+        holds); the last one may hold only part of the key's remainder (the path continues inside it)."""
         extra_key, cache_salt = namespace
-        key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt)
+        key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt).page_aligned(self.page_size)
         core = self.tree_core
-        node, offset = core.root_node, 0
-        while offset < len(key):
-            child = node.children.get(key.child_key_at(offset, 1))
+        node, depth = core.root_node, 0
+        while depth < len(key):
+            child = node.children.get(key.child_key_at(depth, core.page_size))
             if child is None:
-                break
-            matched = child.key.match_at(key, offset, page_size=1)
-            offset += matched
+                return
+            matched = child.key.match_at(key, depth, page_size=core.page_size)
+            yield child, depth, matched
             if matched < len(child.key):
-                break
-            node = child
-        return offset
+                return
+            node, depth = child, depth + matched
 
     def checkpoint_into_tree(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         super().checkpoint_into_tree(req, up_to=up_to, **kwargs)

@@ -30,8 +30,8 @@ class ProducerPlan:
     mode: PublishMode
     siblings: int
     later: tuple[int, ...] = ()  # further boundaries, in order: each continuation chunk is cut at the next one
-    # (sibling, shared length capped at its key limit) for every waiting sibling the plan looked at: the scan can
-    # tell which of them will be Blocked on this producer without matching them (SchedulingState.mark_consumers).
+    # (sibling, shared length capped at its key limit) for every waiting sibling the plan looked at: the promise's
+    # consumers, whom the scan can prove Blocked without matching them (SchedulingState._consumers).
     shared: tuple[tuple[Any, int], ...] = field(default=(), compare=False, repr=False)
 
 

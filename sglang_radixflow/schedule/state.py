@@ -49,7 +49,6 @@ class PassStats:
     stopped_on_blocked: bool = False
     producers: int = 0
     prefix_requests: int = 0
-    admitted_rids: list[str] = field(default_factory=list)
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
     admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
     token_hit_sum: int = 0
@@ -80,8 +79,8 @@ class SchedulingState:
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
         self._index_fresh = False
         self._waiting: list[Any] = []
-        # Waiting requests this pass has proven Blocked on a producer it admitted (mark_consumers): the scan skips
-        # them without SGLang matching them (scan_queue.ScanQueue). Cleared at every pass boundary.
+        # Waiting requests this pass has proven Blocked (_mark_consumers, _mark_in_flight): the scan skips them
+        # without SGLang matching them (scan_queue.ScanQueue). Cleared at every pass boundary.
         self._known_blocked: dict[int, Any] = {}
         self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
         self._examined = 0  # requests SGLang handed to the adder (identifies the scan's own iteration)
@@ -208,8 +207,8 @@ class SchedulingState:
         like its siblings, is a consumer of the prefix's promise."""
         assert self.current is not None
         self.current.prefix_requests += 1
-        for promise in self.promises.for_producer(str(prefix.rid)):
-            if promise.consumers and req.token_indices_to_pool is None:
+        if self.traversal == "skip" and req.token_indices_to_pool is None:
+            for promise in self.promises.for_producer(str(prefix.rid)):
                 promise.consumers = (*promise.consumers, (req, promise.boundary))
         setattr(req, DEFER_COUNT, getattr(req, DEFER_COUNT, 0) + 1)
 
@@ -241,7 +240,6 @@ class SchedulingState:
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
         assert self.current is not None
-        self.current.admitted_rids.append(str(req.rid))
         self.current.admitted_reqs.append(req)
         self.current.admitted_ids.add(id(req))
         self.current.token_hit_sum += token_hit
@@ -319,7 +317,7 @@ class SchedulingState:
         reg0, pub0, can0 = stats.promises_before
         bubble = (
             stats.stopped_on_blocked
-            and len(stats.admitted_rids) < row_budget
+            and len(stats.admitted_reqs) < row_budget
             and any(self.blocking_promise_unbounded(r) is None for r in waiting_after)
         )
         return {
@@ -330,7 +328,7 @@ class SchedulingState:
             "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
             "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,
-            "state_hit_sum": stats.state_hit_sum, "admitted": stats.admitted_rids,
+            "state_hit_sum": stats.state_hit_sum, "admitted": [str(r.rid) for r in stats.admitted_reqs],
             "first_selection_wait_s": stats.first_selection_wait_s,
         }
 
