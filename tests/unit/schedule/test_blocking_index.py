@@ -127,3 +127,47 @@ def test_persistent_index_follows_the_queue_across_passes() -> None:
             got = index.siblings(req, request_tokens(req))
             assert sorted(r.rid for r in got) == sorted(r.rid for r in fresh.siblings(req, request_tokens(req)))
             assert all(r in waiting for r in got)  # nobody who left the queue is still offered as a sibling
+
+
+def test_index_follows_sglangs_queue_pattern_on_its_fast_path() -> None:
+    """Between passes SGLang's queue is the previous one less what the pass admitted, plus arrivals at its end: the
+    index follows that by a snapshot compare (no id-set diff), and falls back to the diff on anything else (an abort
+    from the middle, a reordering policy, a request re-queued during the pass). Either way it answers like an index
+    built from scratch."""
+    rng = random.Random(5)
+    docs = [list(range(1000 * k, 1000 * k + 50)) for k in range(1, 5)]
+    counter = iter(range(10**6))
+    new = lambda: make_request(f"r{next(counter)}", rng.choice(docs) + [next(counter)])  # noqa: E731
+    index = SiblingIndex()
+    queue: list = []
+    diffs = 0
+    original_diff = SiblingIndex._diff
+
+    def counting_diff(self, waiting):  # noqa: ANN001, ANN202
+        nonlocal diffs
+        diffs += self is index
+        return original_diff(self, waiting)
+
+    SiblingIndex._diff = counting_diff
+    try:
+        for step in range(60):
+            queue = queue + [new() for _ in range(rng.randint(0, 6))]  # arrivals, appended
+            event = rng.random()
+            if event < 0.1 and queue:
+                queue.pop(rng.randrange(len(queue)))  # an abort from the middle
+            elif event < 0.15:
+                queue.reverse()  # a reordering policy
+            index.refresh(queue)  # the pass's first plan
+            fresh = SiblingIndex(queue)
+            for req in queue:
+                assert sorted(r.rid for r in index.siblings(req, request_tokens(req))) == sorted(
+                    r.rid for r in fresh.siblings(req, request_tokens(req))
+                )
+            admitted = rng.sample(queue, min(len(queue), rng.randint(0, 4)))
+            queue = [r for r in queue if r not in admitted]  # SGLang's rebuild after the pass
+            if rng.random() < 0.1:
+                queue.append(new())  # re-queued during the pass (e.g. preemption): the counts no longer match
+            index.left(admitted, queue)
+    finally:
+        SiblingIndex._diff = original_diff
+    assert 0 < diffs < 30  # the irregular steps took the diff, the regular ones the fast path
