@@ -15,6 +15,8 @@ Queue state: steady = the requests were seen by an earlier pass, which admitted 
 keys cached and indexed, what a long queue looks like pass after pass); cold = every request is new (the first pass
 after a burst of N arrivals). --in-flight: the timed pass follows an untimed one whose round was never processed, as
 under SGLang's overlap scheduler (the first pass's promises are still open: their consumers are Blocked in flight).
+SGLang's FCFS policy also re-touches the first 128 waiting prefixes on one pass in 32 (same work in every variant):
+the timed pass is one of the other 31 unless --refresh.
 
 Queue: groups of 4 candidates (a shared document of 300-500 tokens + a 20-token question, then a distinct 8-24
 token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1 in 5 requests).
@@ -62,6 +64,7 @@ CONFIGS = {"full": FULL, "hybrid": HYBRID}
 VARIANTS = {"native": ("sglang", "native"), "rf": ("radixflow", "native"), "rf+flex": ("radixflow", "flex")}
 SLOT_WAIT = [False]  # --slot-wait: RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow variants
 IN_FLIGHT = [False]  # --in-flight: the timed pass follows one whose round has not been processed (overlap scheduler)
+REFRESH = [False]  # --refresh: time the pass in which SGLang's policy re-touches the first 128 waiting prefixes
 
 
 def make_queue(n: int, seed: int = 0) -> list[Req]:
@@ -87,6 +90,10 @@ def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
         CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S, kv_size=32768, max_num_reqs=S + 8,
         mamba_cache_size=S + 16, max_context_len=2048, slot_wait=SLOT_WAIT[0],
     )
+    # SGLang's FCFS policy re-touches (LRU) the prefixes of the first 128 waiting requests on one pass in
+    # WAITING_PREFIX_REFRESH_INTERVAL (32): a fresh policy would do it on this pass. Time the common pass unless asked.
+    assert hasattr(h.sched.policy, "_waiting_prefix_refresh_calls"), "SGLang's waiting-prefix refresh counter"
+    h.sched.policy._waiting_prefix_refresh_calls = 0 if REFRESH[0] else 1
     queue = make_queue(n)
     h.submit(*queue)
     for req in queue:  # arrived a while ago: a flex gate releases on its deadline
@@ -310,11 +317,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--slot-wait", action="store_true", help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 (hybrid no_buffer)")
     ap.add_argument("--in-flight", action="store_true",
                     help="time the pass after an unprocessed one (overlap scheduler: its promises still open)")
+    ap.add_argument("--refresh", action="store_true",
+                    help="time SGLang's 1-in-32 pass that re-touches the first 128 waiting prefixes")
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
     ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the radixflow pass at size N")
     args = ap.parse_args(argv)
     SLOT_WAIT[0] = args.slot_wait
     IN_FLIGHT[0] = args.in_flight
+    REFRESH[0] = args.refresh
     if args.profile is not None:
         for config in args.config:
             profile(config, args.profile)

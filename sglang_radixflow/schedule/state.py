@@ -84,6 +84,7 @@ class SchedulingState:
         self._known_blocked: dict[int, Any] = {}
         self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
         self._examined = 0  # requests SGLang handed to the adder (identifies the scan's own iteration)
+        self._examined_at_begin = 0  # _examined when this pass began: an iteration starting later is not the scan
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -98,6 +99,7 @@ class SchedulingState:
             round_id=round_id, waiting=len(waiting), promises_before=(c.registered, c.published, c.cancelled)
         )
         self._waiting = waiting
+        self._examined_at_begin = self._examined
         self._index_fresh = False
         self._known_blocked = {}
         self._screened = []
@@ -127,9 +129,11 @@ class SchedulingState:
 
     # ---- verdicts ----
     def screens_scan(self) -> bool:
-        """Whether an iteration of the waiting queue starting now may skip known-Blocked requests: a pass is on and it
-        skips (not stop). Which iteration is SGLang's scan is settled inside `screen`."""
-        return self.current is not None and self.traversal == "skip"
+        """Whether an iteration of the waiting queue starting now may skip known-Blocked requests: a pass is on, it
+        skips (not stop), and SGLang has examined no request yet in this pass (its pass has one scan: an iteration
+        starting after it examined one, like the rebuild of the queue after the scan, is not the scan, and iterates
+        the plain list). Which of the iterations starting earlier is the scan is settled inside `screen`."""
+        return self.current is not None and self.traversal == "skip" and self._examined == self._examined_at_begin
 
     def screen(self, requests: Iterator[Any]) -> Iterator[Any]:
         """`requests` less those proven Blocked (within their deferral bound), with nothing staged to undo.
