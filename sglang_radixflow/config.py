@@ -32,6 +32,7 @@ class RadixFlowConfig:
     promise_max_age_rounds: int = 64
     producer_slot_wait: bool = False  # hybrid no_buffer: a would-be producer waits for SGLang's one chunk slot
     prefix_requests: bool = True  # hybrid no_buffer: with the chunk slot taken, publish b through a prefix request
+    producer_rows: int = 0  # rows of a pass that Ready non-producers leave to producers behind them (0: FCFS)
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
     rr_block_tokens: int = 16  # RR-Evict tail unit on full-attention paths (--radix-eviction-policy rr)
@@ -95,6 +96,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "PROMISE_MAX_AGE_ROUNDS": ("promise_max_age_rounds", _number(int, 1)),
     "PRODUCER_SLOT_WAIT": ("producer_slot_wait", _bool),
     "PREFIX_REQUESTS": ("prefix_requests", _bool),
+    "PRODUCER_ROWS": ("producer_rows", _number(int, 0)),
     "TRACE": ("trace_path", _path),
     "CPU_RUNTIME": ("cpu_runtime", _choice(("auto", "off"))),
     "RR_BLOCK": ("rr_block_tokens", _number(int, 1)),

@@ -87,13 +87,16 @@ class PassHarness:
     both until the queue drains."""
 
     def __init__(self, components, arm: str = "radixflow", token_budget: int = 4096, rows: int = 16,
-                 admission: str = "native", slot_wait: bool = False, prefix_requests: bool = True, **cfg: Any):
-        """admission: the arm's admission is replaced (native by default) so that a pass never holds."""
+                 admission: str = "native", slot_wait: bool = False, prefix_requests: bool = True,
+                 producer_rows: Optional[int] = None, **cfg: Any):
+        """admission: the arm's admission is replaced (native by default) so that a pass never holds.
+        producer_rows: RADIXFLOW_PRODUCER_ROWS (None: the arm's default)."""
         self.cache, self.allocator, self.pool = build_cache(RadixFlowCache, components, **cfg)
         self.cache.configure(load_config({
             "RADIXFLOW_ARM": arm, "RADIXFLOW_ADMISSION": admission,
             "RADIXFLOW_PRODUCER_SLOT_WAIT": "1" if slot_wait else "0",
             "RADIXFLOW_PREFIX_REQUESTS": "1" if prefix_requests else "0",
+            **({} if producer_rows is None else {"RADIXFLOW_PRODUCER_ROWS": str(producer_rows)}),
         }))
         self.forward_ct = 0
         self.cache.rf_clock.bind(lambda: self.forward_ct)

@@ -177,13 +177,16 @@ def dependency_depth(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[
     return max(depth.values(), default=0)
 
 
-def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: int = 512) -> ArmResult:
-    """Schedule the instance's queue with `arm` on SGLang's real prefill pass until it drains."""
+def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: int = 512,
+           producer_rows: int = 0) -> ArmResult:
+    """Schedule the instance's queue with `arm` on SGLang's real prefill pass until it drains (producer_rows:
+    RADIXFLOW_PRODUCER_ROWS, which only the skip traversal uses)."""
     from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request  # torch + SGLang: lazy
 
     longest = max(len(p) for p in instance.prompts.values())
     h = PassHarness(
         HYBRID if instance.hybrid else FULL, arm=arm, token_budget=instance.T, rows=instance.S, slot_wait=slot_wait,
+        producer_rows=producer_rows,
         # Pools big enough that nothing is evicted: the replay measures packing, not eviction.
         kv_size=instance.prompt_tokens + 2 * instance.T, mamba_cache_size=2 * len(instance.prompts) + 2 * instance.S,
         max_num_reqs=max(16, 2 * instance.S), max_context_len=longest + 64,
@@ -193,7 +196,10 @@ def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: in
     h.submit(*(make_request(rid, p) for rid, p in instance.prompts.items()))
     rounds = tuple(h.run_rounds(max_rounds=max_rounds))
     h.assert_idle_invariants()  # every slot back in the allocator or the tree: the schedule was real
-    return measure(arm, rounds, instance, {"slot_wait": slot_wait} if slot_wait else {})
+    extra: dict[str, Any] = {"slot_wait": True} if slot_wait else {}
+    if producer_rows:
+        extra["producer_rows"] = producer_rows
+    return measure(arm, rounds, instance, extra)
 
 
 def measure(arm: str, rounds: Sequence[RoundRecord], instance: Instance, extra: Optional[dict[str, Any]] = None) -> ArmResult:
@@ -220,7 +226,7 @@ def instance_entry(inst: Instance) -> dict[str, Any]:
 
 
 def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], slot_wait: bool = False,
-               log: Log = print) -> dict[str, Any]:
+               log: Log = print, producer_rows: int = 0) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"kind": "replay", "target_ratio": TARGET_RATIO, "instances": {}}
     for inst in instances:
@@ -228,7 +234,8 @@ def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], sl
         inst_dir = out / inst.name
         inst_dir.mkdir(exist_ok=True)
         for arm in arms:
-            res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang")
+            rows = producer_rows if arm.startswith("radixflow") else 0  # the skip arms
+            res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang", producer_rows=rows)
             entry["arms"][arm] = res.to_dict(inst.S)
             write_rounds(inst_dir / f"{arm}.rounds.jsonl", res.rounds)
             log(f"[{inst.name}] {arm}: {res.K} rounds, lower bound {res.lower_bound} (W={res.tokens}, "
@@ -248,7 +255,7 @@ def rebuild(out: Path) -> dict[str, Any]:
         inst = make_instance(**saved.get("params") or {"name": name})
         entry = instance_entry(inst)
         for arm in saved["arms"]:
-            extra = {"slot_wait": True} if saved["arms"][arm].get("slot_wait") else {}
+            extra = {k: saved["arms"][arm][k] for k in ("slot_wait", "producer_rows") if saved["arms"][arm].get(k)}
             entry["arms"][arm] = measure(arm, read_rounds(out / name / f"{arm}.rounds.jsonl"), inst, extra).to_dict(
                 inst.S)
         summary["instances"][name] = entry
@@ -304,6 +311,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--budgets", default="8,2048", help="S,T of the generated instances (figure1: 4,4096)")
     parser.add_argument("--slot-wait", action="store_true",
                         help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow-cache arms")
+    parser.add_argument("--producer-rows", type=int, default=0, metavar="R",
+                        help="RADIXFLOW_PRODUCER_ROWS=R for the skip arms (radixflow, radixflow+frag); default 0")
 
 
 def main(args: Any) -> int:
@@ -322,8 +331,10 @@ def main(args: Any) -> int:
         instances = [make_instance(n, args.questions, args.seed, (s, t)) for n in split(args.instances)]
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    if args.producer_rows < 0:
+        raise SystemExit(f"--producer-rows {args.producer_rows}: allowed: an integer >= 0")
     out = Path(args.out)
-    run_replay(out, instances, arms, slot_wait=args.slot_wait)
+    run_replay(out, instances, arms, slot_wait=args.slot_wait, producer_rows=args.producer_rows)
     print((out / "report.md").read_text())
     print(f"wrote {out}/summary.json and {out}/report.md")
     return 0

@@ -63,6 +63,9 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
         if self._needs_prefix_request(req, plan, sched):
             return self._admit_prefix_request(req, plan, sched, has_chunked_req, truncation_align_size)
+        if plan is None and not is_cache_only(req) and sched.holds_for_producers(req):
+            release_staged(req, self.tree_cache)
+            return AddReqResult.CONTINUE
         self._rf_plan = plan
         try:
             result = super().add_one_req(req, has_chunked_req, truncation_align_size)
@@ -70,6 +73,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
             self._rf_plan = None
         if self.can_run_list and self.can_run_list[-1] is req:
             sched.note_admitted(req, plan, token_hit(req))
+            if plan is None:
+                sched.note_non_producer()
         return result
 
     def _needs_prefix_request(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:

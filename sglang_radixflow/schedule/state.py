@@ -49,6 +49,7 @@ class PassStats:
     stopped_on_blocked: bool = False
     producers: int = 0
     prefix_requests: int = 0
+    held: int = 0  # Ready non-producers passed over for producers behind them (producer_rows), then offered again
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
     admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
     token_hit_sum: int = 0
@@ -85,6 +86,14 @@ class SchedulingState:
         self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
         self._examined = 0  # requests SGLang handed to the adder (identifies the scan's own iteration)
         self._examined_at_begin = 0  # _examined when this pass began: an iteration starting later is not the scan
+        # Producer rows (config.producer_rows = R): while the scan has not looked `lookahead` requests past the first
+        # held one, a Ready non-producer beyond S - R admitted non-producers is held, and offered again after that.
+        self._row_budget: Optional[int] = None
+        self._scanning = False  # the scan's own iteration is under way (only it can offer held requests again)
+        self._held: list[Any] = []
+        self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
+        self._scan_pos = 0  # queue position of the request the scan is on
+        self._non_producers = 0
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -92,7 +101,7 @@ class SchedulingState:
             logger.warning("sglang-radixflow: state-ready traversal disabled: %s", reason)
         self.traversal, self.disabled_reason = "native", reason
 
-    def begin_pass(self, round_id: int, waiting: list[Any]) -> None:
+    def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         c = self.promises.counters
         self.current = PassStats(
@@ -100,6 +109,11 @@ class SchedulingState:
         )
         self._waiting = waiting
         self._examined_at_begin = self._examined
+        self._row_budget = row_budget
+        self._scanning = False
+        self._held = []
+        self._first_hold_at = None
+        self._non_producers = 0
         self._index_fresh = False
         self._known_blocked = {}
         self._screened = []
@@ -121,6 +135,8 @@ class SchedulingState:
         self._waiting = []
         self._known_blocked = {}
         self._screened = []  # the scan ended before examining another request: they were never reached
+        self._held = []  # still queued: SGLang removes only what it admitted
+        self._scanning = False
         return stats
 
     @property
@@ -145,13 +161,21 @@ class SchedulingState:
         admits nothing, so those checks answer alike for a run of skipped requests and the next one examined. The
         skipped ones are therefore counted as Blocked (note_blocked, which moves their deferral bound) only once
         SGLang goes on to examine the next request; a queue that ends on skipped requests yields its last one so that
-        SGLang's checks decide there too (it then gets add_one_req's own verdict)."""
+        SGLang's checks decide there too (it then gets add_one_req's own verdict).
+        Producer rows: the requests `holds_for_producers` passed over are yielded again once the scan is `_lookahead`
+        positions past the first of them, or at the end of the queue, so they still get the rows left in this pass."""
         known = self._known_blocked
         bound = self.config.max_defer_rounds
         start, scan = self._examined, False
         run: list[Any] = []  # skipped since the last request yielded
-        for req in requests:
-            scan = scan or self._examined != start
+        for pos, req in enumerate(requests):
+            if not scan and self._examined != start:
+                scan = self._scanning = True
+            self._scan_pos = pos
+            if self._held and pos - self._first_hold_at > self._lookahead():
+                self._screened.extend(run)
+                run = []
+                yield from self._offer_held()
             if scan and known and id(req) in known and getattr(req, DEFER_COUNT, 0) < bound:
                 run.append(req)
                 continue
@@ -159,9 +183,40 @@ class SchedulingState:
                 self._screened.extend(run)
                 run = []
             yield req
-        if run:
+        if self._held:
+            self._screened.extend(run)
+            yield from self._offer_held()
+        elif run:
             self._screened.extend(run[:-1])
             yield run[-1]
+
+    def _lookahead(self) -> int:
+        """Queue positions the scan passes (examined or screened out alike, so that screening changes nothing) after
+        the first held request before offering the held ones again."""
+        return self._row_budget or 1
+
+    def _offer_held(self) -> Iterator[Any]:
+        held, self._held = self._held, []
+        self._first_hold_at = -1  # no more holds this pass
+        yield from held
+
+    def holds_for_producers(self, req: Any) -> bool:
+        """Whether the scan should pass over this Ready non-producer for producers behind it (producer_rows): it would
+        take one of the last R rows. Only during the scan's own iteration, which offers it again (_offer_held)."""
+        rows = self.config.producer_rows
+        if not rows or not self._scanning or self._row_budget is None or self._first_hold_at == -1:
+            return False
+        if self._non_producers < self._row_budget - min(rows, self._row_budget - 1):
+            return False
+        if self._first_hold_at is None:
+            self._first_hold_at = self._scan_pos
+        self._held.append(req)
+        assert self.current is not None
+        self.current.held += 1
+        return True
+
+    def note_non_producer(self) -> None:
+        self._non_producers += 1
 
     def note_examined(self) -> None:
         """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
@@ -327,7 +382,7 @@ class SchedulingState:
         return {
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
             "blocked_skips": stats.blocked_skips, "blocked_screened": stats.screened,
-            "fragment_skips": stats.fragment_skips, "deferred": len(waiting_after), "producers": stats.producers,
+            "fragment_skips": stats.fragment_skips, "producer_holds": stats.held, "deferred": len(waiting_after), "producers": stats.producers,
             "prefix_requests": stats.prefix_requests,
             "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
             "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,

@@ -1,0 +1,85 @@
+"""Producer rows (RADIXFLOW_PRODUCER_ROWS = R, off by default): in SGLang's real pass, once S - R rows went to Ready
+non-producers, further ones are passed over while the scan looks S requests ahead for producers, then offered again
+in the same pass. It may reorder admissions, never drop or delay one for nothing."""
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
+from sglang_radixflow.bench.replay import figure1_instance, make_instance, replay
+from sglang_radixflow.config import ConfigError, load_config
+from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+
+import pytest
+
+
+def unrelated(n: int, length: int = 40) -> list[Any]:
+    return [make_request(f"u{i}", list(range(1000 * i + 1, 1000 * i + 1 + length))) for i in range(n)]
+
+
+def schedule(components: Any, reqs: list[Any], rows: int, producer_rows: int, tokens: int = 4096) -> list[Any]:
+    h = PassHarness(components, token_budget=tokens, rows=rows, kv_size=16384, mamba_cache_size=64,
+                    producer_rows=producer_rows)
+    h.submit(*reqs)
+    rounds = h.run_rounds()
+    h.assert_idle_invariants()
+    return rounds
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_with_no_producer_behind_them_held_requests_run_in_the_same_pass(components: Any) -> None:
+    """Nothing to make room for: the held requests are offered again and the schedule is FCFS's, round by round
+    (chunks included: the token budget cuts the same request at the same place)."""
+    queue = lambda: unrelated(9, 40) + unrelated(3, 300)[1:]  # noqa: E731
+    fcfs = schedule(components, queue(), rows=4, producer_rows=0, tokens=400)
+    rows = schedule(components, queue(), rows=4, producer_rows=2, tokens=400)
+    assert [r.fragments for r in rows] == [r.fragments for r in fcfs]
+
+
+def test_a_producer_behind_ready_requests_gets_a_row_in_this_pass() -> None:
+    """Four Ready requests then a new document's group, S = 4, R = 2 (hybrid: the producer publishes through a prefix
+    request). FCFS fills round 1 with the Ready ones, runs the prefix alone in round 2 and the group in round 3;
+    with producer rows the prefix runs in round 1 beside two of them, the third Ready one takes the row left over
+    in the same pass, and three of the group finish a round earlier."""
+    doc = list(range(50_000, 50_600))
+
+    def rounds(producer_rows: int) -> list[list[str]]:
+        group = [make_request(f"g{c}", doc + list(range(60_000 + 10 * c, 60_000 + 10 * c + 8))) for c in range(4)]
+        result = schedule(HYBRID, unrelated(4) + group, rows=4, producer_rows=producer_rows, tokens=2048)
+        return [[f.rid for f in r.fragments] for r in result]
+
+    p = f"g0{PREFIX_RID_MARK}{len(doc)}"
+    assert rounds(0) == [["u0", "u1", "u2", "u3"], [p], ["g0", "g1", "g2", "g3"]]
+    assert rounds(2) == [["u0", "u1", p, "u2"], ["u3", "g0", "g1", "g2"], ["g3"]]
+
+
+def test_the_round_record_counts_producer_holds() -> None:
+    h = PassHarness(FULL, token_budget=4096, rows=4, kv_size=16384, producer_rows=2)
+    h.submit(*unrelated(6))
+    h.run_pass()
+    _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
+    record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
+    # u2..u5 passed over (nothing behind them to make room for), u2 and u3 then admitted in the same pass.
+    assert record["producer_holds"] == 4 and record["admitted"] == ["u0", "u1", "u2", "u3"]
+
+
+def test_producer_rows_fill_the_rounds_of_generated_instances() -> None:
+    """The bench's multi-candidate instances: FCFS alternates token-bound producer rounds with empty rows and
+    row-bound consumer rounds; keeping rows for producers fills them (fewer rounds, never more)."""
+    fewer = 0
+    for name in ("mc-cold", "mc-mixed"):
+        inst = make_instance(name, seed=0)
+        fcfs, rows = replay(inst, "radixflow"), replay(inst, "radixflow", producer_rows=2)
+        assert rows.K <= fcfs.K and rows.empty_slots <= fcfs.empty_slots
+        assert rows.tokens == fcfs.tokens  # the same reuse: only the packing changed
+        fewer += rows.K < fcfs.K
+    assert fewer == 2
+    fig1 = figure1_instance()
+    assert replay(fig1, "radixflow", producer_rows=2).K == replay(fig1, "radixflow").K == 4  # the lower bound
+
+
+def test_the_variable_is_validated() -> None:
+    assert load_config({"RADIXFLOW_PRODUCER_ROWS": "2"}).producer_rows == 2
+    assert load_config({}).producer_rows == 0
+    with pytest.raises(ConfigError, match="RADIXFLOW_PRODUCER_ROWS='-1' is invalid; allowed: a int >= 0"):
+        load_config({"RADIXFLOW_PRODUCER_ROWS": "-1"})
