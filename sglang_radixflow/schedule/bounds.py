@@ -35,3 +35,27 @@ def empty_row_slots(rows_per_round: Iterable[int], S: int) -> int:  # noqa: N803
             raise ValueError(f"a round used {rows} rows with S={S}")
         total += S - rows
     return total
+
+
+def first_round_bound(fragments: Iterable[tuple[int, int]], S: int, T: int) -> int:  # noqa: N803
+    """A tighter bound for a queue that starts with nothing cached: max(1 + ceil((V - a1) / S), 1 + ceil((W - w1) / T)).
+
+    fragments: (prefix_len, extend_len) of each fragment. Round 1 can only run fragments that start at 0 (nothing is
+    cached before it): at most a1 of them, the most of the shortest ones that fit T tokens and S rows, and at most
+    w1 = min(T, their tokens) tokens; every later round moves at most S rows and T tokens. 0 for no fragments."""
+    if S < 1 or T < 1:
+        raise ValueError(f"budgets must be positive: S={S}, T={T}")
+    frags = list(fragments)
+    if not frags:
+        return 0
+    from_zero = sorted(n for p, n in frags if p == 0)
+    if not from_zero:
+        raise ValueError("no fragment starts at 0: nothing could run in the first round")
+    rows = tokens = 0
+    for n in from_zero:
+        if rows == S or tokens + n > T:
+            break
+        rows, tokens = rows + 1, tokens + n
+    total_tokens = sum(n for _, n in frags)
+    first_tokens = min(T, sum(from_zero))
+    return max(1 + _ceil_div(len(frags) - rows, S), 1 + _ceil_div(total_tokens - first_tokens, T))

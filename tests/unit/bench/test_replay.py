@@ -35,6 +35,7 @@ def test_generated_instance_replays_every_request_once() -> None:
         }
         assert finished == set(inst.prompts)  # every prompt computed to its end (prefix requests aside)
         assert res.K >= res.lower_bound >= 1 and res.K >= inst.floor()
+        assert res.K >= res.first_round_bound >= res.lower_bound  # a valid, tighter bound of the same fragments
         assert all(r.rows <= inst.S and r.tokens <= inst.T for r in res.rounds)
     assert rf.tokens < native.tokens  # siblings reuse the published document state instead of recomputing it
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
+from sglang_radixflow.schedule.bounds import empty_row_slots, first_round_bound, round_lower_bound
 
 
 def test_paper_figure1_numbers() -> None:
@@ -43,3 +43,23 @@ def test_empty_row_slots() -> None:
     assert empty_row_slots([], S=4) == 0
     with pytest.raises(ValueError):
         empty_row_slots([5], S=4)
+
+
+def test_first_round_bound_counts_what_round_one_can_hold() -> None:
+    """Round 1 runs only fragments that start at 0. Three 1,500-token documents and 12 short continuations, S = 8,
+    T = 2048: V = 15 gives ceil(15/8) = 2, but round 1 holds one document (two exceed T), so 1 + ceil(14/8) = 3."""
+    docs = [(0, 1500)] * 3
+    rest = [(1500, 10)] * 12
+    assert round_lower_bound(4620, 15, 2, S=8, T=2048) == 3  # ceil(4620/2048) = 3 already
+    assert first_round_bound(docs + rest, S=8, T=2048) == 3
+    # Shorter documents: 8 rows of them fit round 1, which then binds nothing beyond ceil(V/S).
+    small = [(0, 100)] * 8 + [(100, 10)] * 8
+    assert first_round_bound(small, S=8, T=2048) == 2 == round_lower_bound(880, 16, 2, S=8, T=2048)
+    # Round 1 holds 2 of 4 documents (tokens), the rows then need 1 + ceil((4 + 8 - 2)/8) = 3 > ceil(12/8) = 2.
+    four = [(0, 900)] * 4 + [(900, 5)] * 8
+    assert first_round_bound(four, S=8, T=2048) == 3 > round_lower_bound(3640, 12, 2, S=8, T=2048)
+    assert first_round_bound([], S=8, T=2048) == 0
+    with pytest.raises(ValueError, match="no fragment starts at 0"):
+        first_round_bound([(5, 10)], S=8, T=2048)
+    with pytest.raises(ValueError, match="budgets must be positive"):
+        first_round_bound(docs, S=0, T=2048)
