@@ -18,8 +18,9 @@ under SGLang's overlap scheduler (the first pass's promises are still open: thei
 SGLang's FCFS policy also re-touches the first 128 waiting prefixes on one pass in 32 (same work in every variant):
 the timed pass is one of the other 31 unless --refresh.
 
-Queue: groups of 4 candidates (a shared document of 300-500 tokens + a 20-token question, then a distinct 8-24
-token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1 in 5 requests).
+Queue (`--queue groups`, default): groups of 4 candidates (a shared document of 300-500 tokens + a 20-token question,
+then a distinct 8-24 token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1
+in 5 requests). `--queue unrelated`: only the unrelated requests (nothing shared: radixflow's hooks alone).
 Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
 
     python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid] [--cold]
@@ -67,13 +68,16 @@ IN_FLIGHT = [False]  # --in-flight: the timed pass follows one whose round has n
 REFRESH = [False]  # --refresh: time the pass in which SGLang's policy re-touches the first 128 waiting prefixes
 
 
+QUEUE = ["groups"]  # --queue: groups (candidates sharing a document) | unrelated (nothing shared)
+
+
 def make_queue(n: int, seed: int = 0) -> list[Req]:
     rng = random.Random(seed)
     tok = lambda k: [rng.randrange(100, 50_000) for _ in range(k)]  # noqa: E731
     reqs: list[Req] = []
     group = 0
     while len(reqs) < n:
-        if rng.random() < 0.2:
+        if QUEUE[0] == "unrelated" or rng.random() < 0.2:
             reqs.append(make_request(f"u{len(reqs)}", tok(rng.randint(150, 400))))
             continue
         shared = tok(rng.randint(300, 500)) + tok(20)  # document + question
@@ -192,6 +196,7 @@ def measure(config: str, n: int, repeats: int, steady: bool, warmup: int = 2) ->
 def table(configs: list[str], sizes: list[int], repeats: int, steady: bool) -> None:
     ms = lambda s: f"{s * 1e3:8.3f}"  # noqa: E731
     state = ("steady" if steady else "cold") + (", after a pass still in flight" if IN_FLIGHT[0] else "")
+    state += f", {QUEUE[0]}"
     print(f"\none prefill pass, {state} queue, S={S} rows, T={T} tokens, "
           f"median of {repeats}: CPU ms (ratio to native) | wall ms | admitted / examined requests")
     print(f"{'config':7} {'N':>5} | {'native':>8} {'rf':>8} {'':7} {'rf+flex':>8} {'':7} | {'native':>8} {'rf':>8}"
@@ -317,6 +322,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--slot-wait", action="store_true", help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 (hybrid no_buffer)")
     ap.add_argument("--in-flight", action="store_true",
                     help="time the pass after an unprocessed one (overlap scheduler: its promises still open)")
+    ap.add_argument("--queue", choices=("groups", "unrelated"), default="groups",
+                    help="groups: candidates sharing documents (default); unrelated: nothing shared")
     ap.add_argument("--refresh", action="store_true",
                     help="time SGLang's 1-in-32 pass that re-touches the first 128 waiting prefixes")
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
@@ -325,6 +332,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     SLOT_WAIT[0] = args.slot_wait
     IN_FLIGHT[0] = args.in_flight
     REFRESH[0] = args.refresh
+    QUEUE[0] = args.queue
     if args.profile is not None:
         for config in args.config:
             profile(config, args.profile)

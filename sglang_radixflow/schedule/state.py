@@ -283,9 +283,12 @@ class SchedulingState:
         if not self._index_fresh:  # lazily: passes that plan nothing never touch the index
             self.index_waiting(self._waiting)
         tokens = request_tokens(req)
+        siblings = self._index.siblings(req, tokens)
+        if not siblings:  # the common case on a queue without sharing: nothing to plan
+            return None
         assert self.current is not None
         return plan_producer(
-            req, tokens, self._index.siblings(req, tokens), min_gain=self.config.min_gain_tokens, mode=self.mode,
+            req, tokens, siblings, min_gain=self.config.min_gain_tokens, mode=self.mode,
             cache_chunk=self.cache_chunk, excluded=self.current.admitted_ids,
         )
 
