@@ -330,6 +330,9 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
     w = summary["workload"]
     b = summary["budgets"]
     ideal = w.get("ideal_reuse_ratio")
+    # Runs before the running set was widened used S for it.
+    running_note = ", for the round still in flight under the overlap scheduler" if w.get(
+        "max_running_per_row_budget", 1) > 1 else ""
     lines = [
         "# Multi-candidate scoring bench",
         "",
@@ -337,7 +340,8 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"stream `{w.get('stream')}`, order `{w.get('order')}`, Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "
         f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens), "
         f"{w.get('prompt_tokens')} prompt tokens, ideal reuse ratio {_pct(ideal)}.",
-        f"Budgets: S = {b['S']} rows (`--prefill-max-requests`, `--max-running-requests`), T = {b['T']} tokens "
+        f"Budgets: S = {b['S']} rows (`--prefill-max-requests`; `--max-running-requests` "
+        f"{w.get('max_running_per_row_budget') or ''}S{running_note}), T = {b['T']} tokens "
         f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
         f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
         f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}; each question's branches are released "

@@ -64,12 +64,18 @@ class BenchOptions:
             raise ValueError("need at least one arm and one model")
 
 
+RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
+
+
 def budget_args(S: int, T: int, kv_tokens: int) -> list[str]:
-    """Server flags for the budgets. S bounds the prefill batch (--prefill-max-requests) and the running set
-    (--max-running-requests, as vLLM's max_num_seqs does; with one output token nothing else runs); T is the chunk size
-    and the prefill cap. The last --max-total-tokens wins over the CPU default (argparse keeps the last value)."""
+    """Server flags for the budgets. S bounds every prefill batch (--prefill-max-requests). The running set is 2S
+    (--max-running-requests): with one output token a request is done after its prefill round, but SGLang's overlap
+    scheduler (on for full attention; hybrids on CPU run without it) plans the next pass before that round's results
+    are processed, so its rows still count as running then; a running set of S would leave the next round S minus
+    them (rounds alternating 7, 1, 7, 1 at S = 8). T is the chunk size and the prefill cap. The last
+    --max-total-tokens wins over the CPU default (argparse keeps the last value)."""
     return [
-        "--prefill-max-requests", str(S), "--max-running-requests", str(S),
+        "--prefill-max-requests", str(S), "--max-running-requests", str(RUNNING_PER_ROW_BUDGET * S),
         "--chunked-prefill-size", str(T), "--max-prefill-tokens", str(T),
         "--max-total-tokens", str(kv_tokens),
     ]
@@ -241,7 +247,8 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
             f"{frontend['ideal_reuse_ratio']:.4f}")
     (out / "workload.json").write_text(json.dumps({
         **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
-        "quick": opts.quick, "server_threads": opts.server_threads, **code_version(),
+        "quick": opts.quick, "server_threads": opts.server_threads,
+        "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
 

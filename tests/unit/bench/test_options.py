@@ -37,5 +37,6 @@ def test_bad_options() -> None:
 def test_budget_flags() -> None:
     args = budget_args(16, 2048, 32768)
     pairs = dict(zip(args[::2], args[1::2]))
-    assert pairs == {"--prefill-max-requests": "16", "--max-running-requests": "16", "--chunked-prefill-size": "2048",
+    # S caps every prefill round; the running set also holds the round still in flight under the overlap scheduler.
+    assert pairs == {"--prefill-max-requests": "16", "--max-running-requests": "32", "--chunked-prefill-size": "2048",
                      "--max-prefill-tokens": "2048", "--max-total-tokens": "32768"}
