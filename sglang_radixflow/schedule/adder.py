@@ -63,6 +63,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
         if self._needs_prefix_request(req, plan, sched):
             return self._admit_prefix_request(req, plan, sched, has_chunked_req, truncation_align_size)
+        # RADIXFLOW_PRODUCER_ROWS: a Ready non-producer past S - R rows lets the scan look ahead for producers first
+        # (the scan's iterator offers it again in this pass).
         if plan is None and not is_cache_only(req) and sched.holds_for_producers(req):
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
