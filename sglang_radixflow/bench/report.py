@@ -330,9 +330,9 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
     w = summary["workload"]
     b = summary["budgets"]
     ideal = w.get("ideal_reuse_ratio")
-    # Runs before the running set was widened used S for it.
-    running_note = ", for the round still in flight under the overlap scheduler" if w.get(
-        "max_running_per_row_budget", 1) > 1 else ""
+    # Runs before the running set was widened to 2S used S (no key in their workload.json).
+    k = int(w.get("max_running_per_row_budget") or 1)
+    running = f"{k}S, for the round still in flight under the overlap scheduler" if k > 1 else "S"
     lines = [
         "# Multi-candidate scoring bench",
         "",
@@ -341,7 +341,7 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens), "
         f"{w.get('prompt_tokens')} prompt tokens, ideal reuse ratio {_pct(ideal)}.",
         f"Budgets: S = {b['S']} rows (`--prefill-max-requests`; `--max-running-requests` "
-        f"{w.get('max_running_per_row_budget') or ''}S{running_note}), T = {b['T']} tokens "
+        f"{running}), T = {b['T']} tokens "
         f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
         f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
         f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}; each question's branches are released "

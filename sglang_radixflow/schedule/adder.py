@@ -65,7 +65,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return self._admit_prefix_request(req, plan, sched, has_chunked_req, truncation_align_size)
         # RADIXFLOW_PRODUCER_ROWS: a Ready non-producer past S - R rows lets the scan look ahead for producers first
         # (the scan's iterator offers it again in this pass).
-        if plan is None and not is_cache_only(req) and sched.holds_for_producers(req):
+        if plan is None and sched.holds_for_producers(req):
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
         self._rf_plan = plan
@@ -75,8 +75,6 @@ class RadixFlowPrefillAdder(PrefillAdder):
             self._rf_plan = None
         if self.can_run_list and self.can_run_list[-1] is req:
             sched.note_admitted(req, plan, token_hit(req))
-            if plan is None:
-                sched.note_non_producer()
         return result
 
     def _needs_prefix_request(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:

@@ -21,6 +21,7 @@ from sglang_radixflow.schedule.producers import (
     ProducerPlan,
     PublishMode,
     SiblingIndex,
+    is_cache_only,
     key_limit,
     namespace_of,
     plan_cache_only,
@@ -202,11 +203,12 @@ class SchedulingState:
 
     def holds_for_producers(self, req: Any) -> bool:
         """Whether the scan should pass over this Ready non-producer for producers behind it (producer_rows): it would
-        take one of the last R rows. Only during the scan's own iteration, which offers it again (_offer_held)."""
+        take one of the last R rows. Only during the scan's own iteration, which offers it again (_offer_held); never a
+        cache-only request (it exists to leave its states). Off (R = 0) it costs one attribute read per request."""
         rows = self.config.producer_rows
         if not rows or not self._scanning or self._row_budget is None or self._first_hold_at == -1:
             return False
-        if self._non_producers < self._row_budget - min(rows, self._row_budget - 1):
+        if self._non_producers < self._row_budget - min(rows, self._row_budget - 1) or is_cache_only(req):
             return False
         if self._first_hold_at is None:
             self._first_hold_at = self._scan_pos
@@ -214,9 +216,6 @@ class SchedulingState:
         assert self.current is not None
         self.current.held += 1
         return True
-
-    def note_non_producer(self) -> None:
-        self._non_producers += 1
 
     def note_examined(self) -> None:
         """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
@@ -311,6 +310,7 @@ class SchedulingState:
             self.current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
         note_admitted_meta(req, token_hit, int(req.prefix_len))
         if plan is None:
+            self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return
         if plan.mode is PublishMode.CHUNK_END and req.extend_end > plan.boundary:
             return  # its chunk passed b (no chunk slot): no state at b, no promise

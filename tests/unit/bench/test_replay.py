@@ -74,7 +74,21 @@ def test_replay_command_writes_outputs_and_report_rebuilds_from_rounds(tmp_path:
     (["--instances", "mc-warm"], "stream='warm'"),
     (["--arms", "fastest"], "unknown or no arm"),
     (["--budgets", "8"], "expected S,T"),
+    (["--producer-rows", "-1"], "--producer-rows -1: allowed: an integer >= 0"),
 ])
 def test_replay_rejects_bad_input(tmp_path: Path, argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         cli.main(["bench", "replay", "--out", str(tmp_path), *argv])
+
+
+def test_replay_command_applies_producer_rows_to_the_skip_arms_and_records_them(tmp_path: Path) -> None:
+    out = tmp_path / "rows"
+    assert cli.main(["bench", "replay", "--out", str(out), "--instances", "mc-mixed", "--arms",
+                     "prefix-stop,radixflow", "--producer-rows", "2"]) == 0
+    arms = json.loads((out / "summary.json").read_text())["instances"]["mc-mixed"]["arms"]
+    assert arms["radixflow"]["producer_rows"] == 2 and "producer_rows" not in arms["prefix-stop"]
+    # FCFS takes 10 rounds on this instance (test_producer_rows); the rows reach its bound of 9.
+    assert arms["radixflow"]["rounds"] == arms["radixflow"]["first_round_bound"] == 9
+    assert cli.main(["report", str(out)]) == 0  # the rebuild keeps the setting
+    rebuilt = json.loads((out / "summary.json").read_text())["instances"]["mc-mixed"]["arms"]
+    assert rebuilt["radixflow"]["producer_rows"] == 2

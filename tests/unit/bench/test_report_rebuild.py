@@ -65,3 +65,15 @@ def test_bench_kind_is_read_from_the_saved_files(run_dir: Path, tmp_path: Path) 
     replay.mkdir()
     (replay / "summary.json").write_text(json.dumps({"kind": "replay", "instances": {}}))
     assert bench_kind(replay) == "replay"
+
+
+def test_report_states_the_running_set_the_run_used(run_dir: Path) -> None:  # noqa: F811
+    """Runs record the running set as a multiple of S (2S since the overlap fix); older runs, without the key, used S."""
+    path = run_dir / "workload.json"
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "max_running_per_row_budget": 2}))
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert "`--max-running-requests` 2S, for the round still in flight" in (run_dir / "report.md").read_text()
+    path.write_text(json.dumps({k: v for k, v in saved.items() if k != "max_running_per_row_budget"}))
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert "`--max-running-requests` S)" in (run_dir / "report.md").read_text()
