@@ -9,6 +9,7 @@ FAMILIES: tuple[str, ...] = (
     "sglang_radixflow.cpu.kv",
     "sglang_radixflow.cpu.mamba2",
     "sglang_radixflow.cpu.gdn",
+    "sglang_radixflow.cpu.attention",
 )
 
 
