@@ -5,7 +5,8 @@ dispatch, RR cutting `block`-token tails from the idle history that keeps the la
 reproduces the servers' seed-0 numbers closely and shows that LRU's mean missed tokens swing with the schedule while
 rr's do not (their pooled means agree), which is why the bench pools several seeds.
 
-    python scripts/agent_lottery.py [--seeds 6] [--capacity 17] [--block 16]
+    python scripts/agent_lottery.py [--seeds 6] [--capacity 17] [--block 16] [--return-order idle-time|random]
+        [--idle-cv 0.5] [--first-tokens 600] [--new-tokens 40]
 """
 from __future__ import annotations
 
@@ -62,10 +63,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--capacity", type=float, default=AgentParams().capacity)
     ap.add_argument("--block", type=int, default=16)
+    ap.add_argument("--return-order", default=AgentParams().return_order)
+    ap.add_argument("--idle-cv", type=float, default=AgentParams().idle_cv)
+    ap.add_argument("--first-tokens", type=int, default=AgentParams().first_tokens)
+    ap.add_argument("--new-tokens", type=int, default=AgentParams().new_tokens)
     args = ap.parse_args()
     pooled: dict[str, list[int]] = {"lru": [], "rr": []}
     for seed in range(args.seeds):
-        params = replace(AgentParams(), seed=seed, capacity=args.capacity)
+        params = replace(AgentParams(), seed=seed, capacity=args.capacity, return_order=args.return_order,
+                         idle_cv=args.idle_cv, first_tokens=args.first_tokens, new_tokens=args.new_tokens)
         row = []
         for policy in pooled:
             m = missed_per_return(policy, params, args.block)

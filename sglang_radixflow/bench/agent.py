@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from sglang_radixflow.bench.agent_workload import AgentParams, AgentWorkload, live_counts, make_agent_workload
+from sglang_radixflow.bench.agent_workload import (
+    RETURN_ORDERS, AgentParams, AgentWorkload, live_counts, make_agent_workload,
+)
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import SGLangServer, live_servers
@@ -301,6 +303,13 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
+def _return_order_text(w: dict[str, Any]) -> str:
+    order = w.get("return_order", "random")  # runs before the idle-time order had the random one
+    if order == "idle-time":
+        return f"return order idle-time (idle time CV {w['idle_cv']:g}: the longest-idle agent is usually next back)"
+    return "return order random (memoryless returns)"
+
+
 def format_report(summary: dict[str, Any]) -> str:
     w = summary["workload"]
     lines = [
@@ -308,7 +317,8 @@ def format_report(summary: dict[str, Any]) -> str:
         f"n = {w['agents']} agents, n_a = {w['active']} active, m = {w['capacity']} trajectories of cache "
         f"({w['kv_tokens']} KV tokens), s = {w['idle_fraction_s']:.2f}, {w['turns']} turns per agent, "
         f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
-        f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled). "
+        f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled), "
+        f"{_return_order_text(w)}. "
         f"Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
@@ -416,6 +426,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"needs a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"needs a number >= 0, got {value}")
+    return value
+
+
 def prompt_too_long(params: AgentParams, max_positions: int = MAX_POSITIONS) -> Optional[str]:
     """Why the longest prompt (+ its output) overflows the tiny models' positions, or None if it fits. SGLang would
     only reject such a request mid-run, after servers have started."""
@@ -441,6 +461,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"private first message per agent, tokens (default {d.first_tokens})")
     p.add_argument("--new-tokens", type=_positive_int, default=None,
                    help=f"user/tool tokens appended per turn, mean (default {d.new_tokens})")
+    p.add_argument("--return-order", choices=RETURN_ORDERS, default=None,
+                   help=f"who comes back next (default {d.return_order}; see bench/agent_workload.py)")
+    p.add_argument("--idle-cv", type=_non_negative_float, default=None,
+                   help=f"coefficient of variation of the idle time, idle-time order (default {d.idle_cv})")
     p.add_argument("--seed", type=int, default=0, help="first schedule seed")
     p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
     p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
@@ -453,7 +477,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def params_from_args(args: argparse.Namespace) -> AgentParams:
     """The default (or --quick) workload with the flags given on top."""
     base = AgentParams(**QUICK) if args.quick else AgentParams()
-    overrides = {k: getattr(args, k) for k in ("agents", "active", "capacity", "turns", "first_tokens", "new_tokens")
+    overrides = {k: getattr(args, k) for k in ("agents", "active", "capacity", "turns", "first_tokens", "new_tokens",
+                                                "return_order", "idle_cv")
                  if getattr(args, k) is not None}
     return replace(base, seed=args.seed, **overrides)
 

@@ -3,7 +3,15 @@
 Each agent: a shared system prompt + a private first message, then every turn appends new user/tool tokens to its
 history (prompt_t = prompt_{t-1} + output_{t-1} + new_t) and generates a few tokens. At most n_a agents run a turn at
 any moment; the rest are idle ("tool / think" time), so the idle fraction is s = 1 - n_a/n. Who runs next is a fixed
-seeded schedule (the same for every policy): an agent never re-enters within n_a dispatches of its last turn.
+seeded schedule (the same for every policy); an agent never re-enters within n_a dispatches of its last turn. Two
+return orders (`return_order`):
+- `idle-time` (default): after each turn the agent is busy for n_a dispatch slots and then idle for a drawn time of
+  mean n - n_a slots with coefficient of variation `idle_cv` (gamma); the next dispatch goes to the agent whose idle
+  time ends first. Agents whose tool / think times are alike come back in about the order they left, so the
+  longest-idle agent is usually the next one back: the case the paper describes for LRU. idle_cv = 0 is a strict
+  cycle; a large idle_cv approaches `random`;
+- `random` (the first version): a random agent among those not dispatched in the last n_a slots. Returns are then
+  memoryless, so the longest-idle agent is no likelier to come back than any other.
 Cache capacity is sized in trajectories: m of them at their final length (n_a < m < n). Histories grow every turn,
 so the capacity in trajectories m(t) = C / L(t) falls over the run; sizing at the final length keeps m(t) >= m, the
 regime the analysis states (sizing at the mean length, as before, ended the run at m(t) ~ 0.68 m: most eviction
@@ -15,6 +23,9 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+RETURN_ORDERS = ("idle-time", "random")
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,8 @@ class AgentParams:
     gen_tokens: int = 8  # generated per turn
     seed: int = 0
     vocab: tuple[int, int] = (3, 2000)  # token ids drawn from [lo, hi): valid for every tiny model
+    return_order: str = "idle-time"  # see RETURN_ORDERS
+    idle_cv: float = 0.5  # coefficient of variation of the idle time (idle-time order only)
 
     def __post_init__(self) -> None:
         errors = []
@@ -37,6 +50,10 @@ class AgentParams:
         for name in ("turns", "system_tokens", "first_tokens", "new_tokens", "gen_tokens"):
             if getattr(self, name) < 1:
                 errors.append(f"{name}={getattr(self, name)} must be >= 1")
+        if self.return_order not in RETURN_ORDERS:
+            errors.append(f"return_order={self.return_order!r}: allowed {', '.join(RETURN_ORDERS)}")
+        if not self.idle_cv >= 0:
+            errors.append(f"idle_cv={self.idle_cv} must be >= 0")
         if errors:
             raise ValueError("invalid agent workload: " + "; ".join(errors))
 
@@ -112,29 +129,47 @@ def make_agent_workload(params: AgentParams) -> AgentWorkload:
     return AgentWorkload(params, agents, make_schedule(params, rng))
 
 
+def idle_slots(params: AgentParams, rng: random.Random) -> float:
+    """One idle ("tool / think") time in dispatch slots: gamma with mean n - n_a and CV idle_cv (0: exactly the mean)."""
+    mean_idle = params.agents - params.active
+    if params.idle_cv == 0:
+        return float(mean_idle)
+    shape = 1.0 / params.idle_cv ** 2
+    return rng.gammavariate(shape, mean_idle / shape)
+
+
 def make_schedule(params: AgentParams, rng: random.Random) -> list[tuple[int, int]]:
-    """Seeded dispatch order. Every agent starts once (in a shuffled order), then a random agent that has turns left
-    and was not among the last n_a dispatches goes next."""
+    """Seeded dispatch order. Every agent starts once (in a shuffled order); then, among agents with turns left that
+    were not among the last n_a dispatches, the one whose idle time ends first (idle-time order) or a random one
+    (random order) goes next."""
     next_turn = [0] * params.agents
+    back_at = [0.0] * params.agents  # idle-time order: the slot at which each agent's idle time ends
     order: list[tuple[int, int]] = []
     first = list(range(params.agents))
     rng.shuffle(first)
     recent: list[int] = []
-    for a in first:
-        order.append((a, 0))
-        next_turn[a] = 1
-        recent = (recent + [a])[-params.active:]
-    while True:
-        ready = [a for a in range(params.agents) if next_turn[a] < params.turns and a not in recent]
-        if not ready:
-            left = [a for a in range(params.agents) if next_turn[a] < params.turns]
-            if not left:
-                return order
-            ready = left  # the tail end: fewer agents than n_a + 1 still have turns
-        a = rng.choice(ready)
+
+    def dispatch(a: int) -> None:
+        nonlocal recent
+        if params.return_order == "idle-time":  # the random order draws nothing here (its seeds keep their schedules)
+            back_at[a] = len(order) + params.active + idle_slots(params, rng)
         order.append((a, next_turn[a]))
         next_turn[a] += 1
         recent = (recent + [a])[-params.active:]
+
+    for a in first:
+        dispatch(a)
+    while True:
+        ready = [a for a in range(params.agents) if next_turn[a] < params.turns and a not in recent]
+        if not ready:
+            ready = [a for a in range(params.agents) if next_turn[a] < params.turns]
+            if not ready:
+                return order
+            # the tail end: fewer agents than n_a + 1 still have turns
+        if params.return_order == "random":
+            dispatch(rng.choice(ready))
+        else:
+            dispatch(min(ready, key=lambda a: (back_at[a], a)))
 
 
 def live_counts(w: AgentWorkload) -> list[int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglang_radixflow.bench import agent
-from sglang_radixflow.bench.agent_workload import AgentParams, live_counts, make_agent_workload
+from sglang_radixflow.bench.agent_workload import RETURN_ORDERS, AgentParams, live_counts, make_agent_workload
 from sglang_radixflow.bench.report import write_jsonl
 
 CONTRACT_KEYS = {
@@ -21,8 +21,9 @@ CONTRACT_KEYS = {
 }
 
 
-def test_workload_is_deterministic_and_keeps_n_a_turns_between_an_agents_turns() -> None:
-    p = AgentParams(**agent.QUICK)
+@pytest.mark.parametrize("order", RETURN_ORDERS)
+def test_workload_is_deterministic_and_keeps_n_a_turns_between_an_agents_turns(order: str) -> None:
+    p = AgentParams(**agent.QUICK, return_order=order)
     w1, w2 = make_agent_workload(p), make_agent_workload(p)
     assert w1.schedule == w2.schedule and [a.new for a in w1.agents] == [a.new for a in w2.agents]
     assert make_agent_workload(replace(p, seed=1)).schedule != w1.schedule
@@ -38,9 +39,45 @@ def test_workload_is_deterministic_and_keeps_n_a_turns_between_an_agents_turns()
     assert 0 < d["ideal_reuse_ratio"] < 1
 
 
+def _idle_rank(params: AgentParams) -> float:
+    """Mean, over return dispatches with a choice, of the share of eligible agents (turns left, not among the last
+    n_a) that had been idle longer than the one dispatched: 0 = always the longest idle, ~0.5 = no preference."""
+    w = make_agent_workload(params)
+    last: dict[int, int] = {}
+    turns_left = {a: params.turns for a in range(params.agents)}
+    ranks = []
+    for i, (a, t) in enumerate(w.schedule):
+        recent = {b for b, _ in w.schedule[max(0, i - params.active):i]}
+        eligible = [b for b in last if turns_left[b] and b not in recent]
+        if t > 0 and len(eligible) > 1:
+            ranks.append(sum(1 for b in eligible if last[b] < last[a]) / (len(eligible) - 1))
+        last[a] = i
+        turns_left[a] -= 1
+    return sum(ranks) / len(ranks)
+
+
+def test_idle_time_order_brings_long_idle_agents_back_first_and_cv_0_is_a_cycle() -> None:
+    base = AgentParams(turns=6)
+    cycle = make_agent_workload(replace(base, idle_cv=0.0)).schedule
+    firsts = [a for a, t in cycle if t == 0]
+    assert [a for a, _ in cycle] == firsts * base.turns  # every agent back after exactly n slots, in the same order
+    assert _idle_rank(replace(base, idle_cv=0.0)) == 0.0
+
+    def mean_rank(**kw: object) -> float:
+        return sum(_idle_rank(replace(base, seed=s, **kw)) for s in range(3)) / 3
+
+    low, default, memoryless = mean_rank(idle_cv=0.3), mean_rank(), mean_rank(return_order="random")
+    assert low < 0.3 and low < default < memoryless and memoryless > 0.4, (low, default, memoryless)
+    assert make_agent_workload(base).describe()["return_order"] == "idle-time"
+
+
 def test_invalid_regime_names_the_constraint() -> None:
     with pytest.raises(ValueError, match=r"need 0 < active \(n_a=4\) < capacity \(m=3.0\) < agents \(n=20\)"):
         AgentParams(capacity=3.0)
+    with pytest.raises(ValueError, match=r"return_order='fifo': allowed idle-time, random"):
+        AgentParams(return_order="fifo")
+    with pytest.raises(ValueError, match=r"idle_cv=-0.5 must be >= 0"):
+        AgentParams(idle_cv=-0.5)
     with pytest.raises(ValueError, match="unknown policy"):
         agent.AgentBenchOptions(out=Path("x"), params=AgentParams(), policies=("lru", "fifo"))
 
@@ -152,6 +189,11 @@ def test_cli_token_flags_reach_the_params_and_bad_values_name_the_flag(capsys: p
     assert agent.params_from_args(parser.parse_args(["--out", "x", "--quick"])) == AgentParams(**agent.QUICK)
     quick_long = agent.params_from_args(parser.parse_args(["--out", "x", "--quick", "--first-tokens", "1000"]))
     assert quick_long == AgentParams(**{**agent.QUICK, "first_tokens": 1000})
+    orders = agent.params_from_args(parser.parse_args(["--out", "x", "--return-order", "random", "--idle-cv", "0"]))
+    assert orders == replace(AgentParams(), return_order="random", idle_cv=0.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "x", "--idle-cv", "-1"])
+    assert "argument --idle-cv: needs a number >= 0" in capsys.readouterr().err
     for flag, value in (("--first-tokens", "0"), ("--new-tokens", "-5"), ("--new-tokens", "abc")):
         with pytest.raises(SystemExit):
             parser.parse_args(["--out", "x", flag, value])
