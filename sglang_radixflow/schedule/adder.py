@@ -121,7 +121,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
             and not sched.prefix_requests
         ):
             return None
-        return sched.plan(req)
+        return sched.plan(req, token_hit(req))
 
     def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
         # A cache-only request exists to leave its states: it always waits for the chunk slot (bounded).

@@ -159,9 +159,15 @@ class SiblingIndex:
 
 def plan_producer(
     req: Any, tokens: Sequence[int], siblings: Iterable[Any], *, min_gain: int, mode: PublishMode,
-    cache_chunk: int, excluded: set[int],
+    cache_chunk: int, excluded: set[int], token_hit: int = 0,
 ) -> Optional[ProducerPlan]:
-    """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise."""
+    """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise.
+
+    no_buffer hybrids: when the tree already holds KV past the producer's state (token hit ĥ >= h + min_gain), ĥ is
+    where this request leaves a path the tree knows, i.e. a branch point (a document seen before under another
+    question). A state exists there for no one, so every later request on that prefix would recompute it: the
+    boundary is capped at ĥ. The siblings then compute their part past ĥ themselves (a question's few tokens, or a
+    promise of their own next round), and later requests on the prefix find a state at ĥ."""
     state_hit = int(req.prefix_len)
     head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
     shared = []
@@ -174,6 +180,8 @@ def plan_producer(
         shared.append((sib, min(lcp, key_limit(sib, sib_tokens), len(tokens))))
     lcps = [lcp for _, lcp in shared]
     boundary = best_boundary(lcps, floor=state_hit + min_gain - 1)
+    if mode is PublishMode.CHUNK_END and state_hit + min_gain <= token_hit < boundary:
+        boundary = token_hit
     if mode is PublishMode.TRACK and boundary:
         boundary = state_hit + (boundary - state_hit) // cache_chunk * cache_chunk
         if boundary < state_hit + min_gain:

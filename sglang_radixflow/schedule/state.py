@@ -276,7 +276,7 @@ class SchedulingState:
         self.current.fragment_skips += 1
 
     # ---- producers ----
-    def plan(self, req: Any) -> Optional[ProducerPlan]:
+    def plan(self, req: Any, token_hit: int = 0) -> Optional[ProducerPlan]:
         if not self.active:
             return None
         if not self._index_fresh:  # lazily: passes that plan nothing never touch the index
@@ -288,7 +288,7 @@ class SchedulingState:
         assert self.current is not None
         return plan_producer(
             req, tokens, siblings, min_gain=self.config.min_gain_tokens, mode=self.mode,
-            cache_chunk=self.cache_chunk, excluded=self.current.admitted_ids,
+            cache_chunk=self.cache_chunk, excluded=self.current.admitted_ids, token_hit=token_hit,
         )
 
     def plan_cache_only(self, req: Any, token_hit: int) -> Optional[ProducerPlan]:

@@ -221,3 +221,49 @@ def test_full_attention_promise_is_published_when_the_producers_kv_lands() -> No
     counters = h.cache.rf_sched.promises.counters
     assert (counters.registered, counters.published, counters.cancelled) == (1, 1, 0)
     h.assert_idle_invariants()
+
+
+def question(name: str, doc: list[int], q: list[int]):  # noqa: ANN201
+    return [make_request(f"{name}{i}", doc + q + list(range(10 * i, 10 * i + TAIL))) for i in range(4)]
+
+
+def test_hybrid_a_document_seen_before_gets_a_state_at_its_end_for_later_questions() -> None:
+    """A second question on a known document: the tree holds the document's KV (ĥ = 600, where this question leaves
+    the first question's path) but its only states sit past the first question. The producer publishes at ĥ, not at
+    its siblings' branch point (document + question): the state lands at the document's end, so a third question on
+    it starts from 600 at once instead of recomputing the document."""
+    q1, q2, q3 = list(range(7000, 7040)), list(range(7100, 7140)), list(range(7200, 7240))
+    h = harness(HYBRID, "radixflow")
+    h.submit(*question("a", DOC, q1))
+    h.run_rounds()
+    second = question("b", DOC, q2)
+    h.submit(*second)
+    rounds = h.run_rounds()
+    # the prefix request starts from h = 0 (no state at 600) and ends at ĥ = 600, the document's end
+    assert rounds[0].fragments == (Fragment(prefix("b0", len(DOC)), 0, len(DOC)),)
+    assert all(r.cached_tokens >= len(DOC) for r in second)
+    third = question("c", DOC, q3)
+    h.submit(*third)
+    first_of_third = h.run_rounds()[0]
+    # the third question's producer starts from the document's state: the document is not computed again
+    assert all(f.prefix_len >= len(DOC) for f in first_of_third.fragments), first_of_third.fragments
+    assert all(r.cached_tokens >= len(DOC) for r in third)
+    h.assert_idle_invariants()
+
+
+def test_hybrid_without_the_cap_every_later_question_recomputes_the_document(monkeypatch) -> None:  # noqa: ANN001
+    """The same run with the producer planning at its siblings' branch point only: the third question finds no state
+    at the document's end and computes it again (what the cap above is for)."""
+    from sglang_radixflow.schedule import state
+
+    real = state.plan_producer
+    monkeypatch.setattr(state, "plan_producer", lambda *a, **kw: real(*a, **{**kw, "token_hit": 0}))
+    q1, q2, q3 = list(range(7000, 7040)), list(range(7100, 7140)), list(range(7200, 7240))
+    h = harness(HYBRID, "radixflow")
+    for name, q in (("a", q1), ("b", q2)):
+        h.submit(*question(name, DOC, q))
+        h.run_rounds()
+    h.submit(*question("c", DOC, q3))
+    first_of_third = h.run_rounds()[0]
+    assert first_of_third.fragments[0].prefix_len == 0
+    h.assert_idle_invariants()
