@@ -59,6 +59,7 @@ def make_extend(original: Callable) -> Callable:
                             causal=causal, is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
         assert seq_lens.shape[0] == extend_prefix_lens.shape[0] == extend_seq_lens.shape[0]
         heads_first = query.movedim(0, query.dim() - 2)  # [heads, tokens, head_dim]
+        windowed = sliding_window_size is not None and sliding_window_size > -1
         start_q = 0
         # one host sync for the lengths instead of three per request
         for idx, (seq_len, prefix, new) in enumerate(zip(seq_lens.tolist(), extend_prefix_lens.tolist(),
@@ -71,7 +72,6 @@ def make_extend(original: Callable) -> Callable:
             v = v_cache[tokens].movedim(0, query.dim() - 2)
             if not (q.dtype == k.dtype == v.dtype):
                 k, v = k.to(q.dtype), v.to(q.dtype)
-            windowed = sliding_window_size is not None and sliding_window_size > -1
             if prefix == 0 and not windowed:
                 mask, is_causal = None, True  # square causal: SDPA's own (top-left aligned) mask is the right one
             else:

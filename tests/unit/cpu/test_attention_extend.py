@@ -7,9 +7,6 @@ last test checks that a CPU-engine process runs ours inside SGLang's backend.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Optional
 
 import pytest
@@ -17,6 +14,7 @@ import torch
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang_radixflow.cpu.attention.extend import make_extend, new_rows_mask
+from tests.unit.cpu.fresh import failure_text, run_in_cpu_engine
 
 SGLANG_EXTEND = getattr(TorchNativeAttnBackend._run_sdpa_forward_extend, "radixflow_original",
                         TorchNativeAttnBackend._run_sdpa_forward_extend)
@@ -93,7 +91,5 @@ def test_cpu_engine_process_runs_the_new_rows_extend() -> None:
         "assert any('patch_torch_native' in p for p in boot.status()['patched'])\n"
         "print('BOUND')\n"
     )
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    env.pop("RADIXFLOW_CPU_RUNTIME", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "BOUND" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_in_cpu_engine(code)
+    assert proc.returncode == 0 and "BOUND" in proc.stdout, failure_text(proc)

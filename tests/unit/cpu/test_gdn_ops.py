@@ -5,9 +5,6 @@ with the chunked / vectorised implementations under test.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_radixflow.cpu.gdn import ops
+from tests.unit.cpu.fresh import failure_text, run_in_cpu_engine
 
 F64 = torch.float64
 
@@ -465,6 +463,5 @@ def test_sglang_modules_bind_our_ops_on_the_cpu_engine() -> None:
         print("patched:", len(boot.status()["patched"]))
         """
     )
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    proc = run_in_cpu_engine(code)
+    assert proc.returncode == 0, failure_text(proc)

@@ -6,9 +6,6 @@ sequence boundaries. The last test checks that the post-import patch binds the o
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Optional
 
 import pytest
@@ -16,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_radixflow.cpu.mamba2 import conv, ssd
+from tests.unit.cpu.fresh import failure_text, run_in_cpu_engine
 
 ATOL = 2e-5
 RTOL = 2e-5
@@ -596,7 +594,5 @@ def test_patch_binds_ops_into_sglang_mamba_module() -> None:
         "assert any('patch_mamba_mixer2' in p for p in boot.status()['patched'])\n"
         "print('BOUND')\n"
     )
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    env.pop("RADIXFLOW_CPU_RUNTIME", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "BOUND" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_in_cpu_engine(code)
+    assert proc.returncode == 0 and "BOUND" in proc.stdout, failure_text(proc)
