@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from sglang_radixflow.bench.agent_workload import (
-    RETURN_ORDERS, AgentParams, AgentWorkload, live_counts, make_agent_workload,
+    RETURN_ORDERS, AgentParams, AgentWorkload, dispatch_times, live_counts, make_agent_workload,
 )
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
@@ -118,58 +118,77 @@ def stream_generate(url: str, input_ids: Sequence[int], max_new_tokens: int, ses
 
 
 def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[str, Any]]:
-    """Run the schedule with n_a workers; each (agent, turn) waits for that agent's previous turn."""
+    """Run the schedule; each (agent, turn) waits for that agent's previous turn. Closed loop (mean_gap_ms = 0): n_a
+    workers take the next turn as soon as they are free. Open loop: turn k is sent at its dispatch instant
+    (agent_workload.dispatch_times), or when the agent's previous turn finishes if that is later."""
     p = w.params
     records: list[dict[str, Any]] = []
     lock = threading.Lock()
     done = {(a, t): threading.Event() for a, t in w.schedule}
     history: dict[int, list[int]] = {}  # agent -> prompt + output of its last finished turn
     prev_len: dict[int, int] = {}
-    cursor = [0]
     live = live_counts(w)
     start = time.perf_counter()
 
-    def worker() -> None:
-        while True:
-            with lock:
-                if cursor[0] >= len(w.schedule):
-                    return
-                idx = cursor[0]
-                a, t = w.schedule[idx]
-                cursor[0] += 1
-            if t > 0:
-                done[(a, t - 1)].wait()
-            agent = w.agents[a]
-            with lock:
-                prompt = list(agent.first) if t == 0 else history[a] + agent.new[t - 1]
-                reusable = 0 if t == 0 else max(0, prev_len[a] - 1)
-            rec: dict[str, Any] = {"agent": a, "turn": t, "prompt_len": len(prompt), "reusable": reusable,
-                                   "live": live[idx], "sent_s": time.perf_counter() - start}
-            try:
-                ttft, latency, last = stream_generate(url, prompt, p.gen_tokens, f"s{p.seed}-agent-{a}",
-                                                      f"s{p.seed}-a{a}-t{t}", timeout_s)
-                meta = last.get("meta_info") or {}
-                out = [int(x) for x in last.get("output_ids") or []]
-                cached = int(meta.get("cached_tokens", 0))
-                rec.update(ttft_s=ttft, latency_s=latency, cached_tokens=cached, output_len=len(out),
-                           missed_tokens=max(0, reusable - cached) if t > 0 else 0, error=None)
-                if len(out) != p.gen_tokens:
-                    rec["error"] = f"{len(out)} output tokens, expected {p.gen_tokens}"
-            except (urllib.error.URLError, OSError, RuntimeError, ValueError) as err:
-                out = []
-                rec.update(error=f"{type(err).__name__}: {err}"[:300])
-            with lock:
-                history[a] = prompt + out
-                prev_len[a] = len(prompt) + len(out)
-                records.append(rec)
-                n = len(records)
-            done[(a, t)].set()
-            if n % max(1, len(w.schedule) // 8) == 0 or n == len(w.schedule):
-                log(f"    {n}/{len(w.schedule)} turns, {time.perf_counter() - start:.1f}s")
+    def run_turn(idx: int, due_s: Optional[float]) -> None:
+        a, t = w.schedule[idx]
+        if t > 0:
+            done[(a, t - 1)].wait()
+        agent = w.agents[a]
+        with lock:
+            prompt = list(agent.first) if t == 0 else history[a] + agent.new[t - 1]
+            reusable = 0 if t == 0 else max(0, prev_len[a] - 1)
+        sent = time.perf_counter() - start
+        rec: dict[str, Any] = {"agent": a, "turn": t, "prompt_len": len(prompt), "reusable": reusable,
+                               "live": live[idx], "sent_s": sent}
+        if due_s is not None:
+            rec["late_s"] = max(0.0, sent - due_s)  # waited past its instant for the agent's previous turn
+        try:
+            ttft, latency, last = stream_generate(url, prompt, p.gen_tokens, f"s{p.seed}-agent-{a}",
+                                                  f"s{p.seed}-a{a}-t{t}", timeout_s)
+            meta = last.get("meta_info") or {}
+            out = [int(x) for x in last.get("output_ids") or []]
+            cached = int(meta.get("cached_tokens", 0))
+            rec.update(ttft_s=ttft, latency_s=latency, cached_tokens=cached, output_len=len(out),
+                       missed_tokens=max(0, reusable - cached) if t > 0 else 0, error=None)
+            if len(out) != p.gen_tokens:
+                rec["error"] = f"{len(out)} output tokens, expected {p.gen_tokens}"
+        except (urllib.error.URLError, OSError, RuntimeError, ValueError) as err:
+            out = []
+            rec.update(error=f"{type(err).__name__}: {err}"[:300])
+        with lock:
+            history[a] = prompt + out
+            prev_len[a] = len(prompt) + len(out)
+            records.append(rec)
+            n = len(records)
+        done[(a, t)].set()
+        if n % max(1, len(w.schedule) // 8) == 0 or n == len(w.schedule):
+            log(f"    {n}/{len(w.schedule)} turns, {time.perf_counter() - start:.1f}s")
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(p.active)]
-    for th in threads:
-        th.start()
+    times = dispatch_times(p, len(w.schedule))
+    threads: list[threading.Thread] = []
+    if times:  # open loop: one thread per turn, started at its instant
+        for idx, due in enumerate(times):
+            delay = start + due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            threads.append(threading.Thread(target=run_turn, args=(idx, due), daemon=True))
+            threads[-1].start()
+    else:
+        cursor = [0]
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if cursor[0] >= len(w.schedule):
+                        return
+                    idx = cursor[0]
+                    cursor[0] += 1
+                run_turn(idx, None)
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(p.active)]
+        for th in threads:
+            th.start()
     for th in threads:
         th.join()
     return sorted(records, key=lambda r: r["sent_s"])
@@ -310,6 +329,13 @@ def _return_order_text(w: dict[str, Any]) -> str:
     return "return order random (memoryless returns)"
 
 
+def _timing_text(w: dict[str, Any]) -> str:
+    gap = float(w.get("mean_gap_ms", 0.0))  # runs before open-loop dispatch were closed loop
+    if gap == 0:
+        return f"closed loop ({w['active']} clients back to back: returns share prefill rounds)"
+    return f"open loop (Poisson dispatch, mean gap {gap:g} ms)"
+
+
 def format_report(summary: dict[str, Any]) -> str:
     w = summary["workload"]
     lines = [
@@ -318,7 +344,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"({w['kv_tokens']} KV tokens), s = {w['idle_fraction_s']:.2f}, {w['turns']} turns per agent, "
         f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
         f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled), "
-        f"{_return_order_text(w)}. "
+        f"{_return_order_text(w)}, {_timing_text(w)}. "
         f"Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
@@ -465,6 +491,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"who comes back next (default {d.return_order}; see bench/agent_workload.py)")
     p.add_argument("--idle-cv", type=_non_negative_float, default=None,
                    help=f"coefficient of variation of the idle time, idle-time order (default {d.idle_cv})")
+    p.add_argument("--mean-gap-ms", type=_non_negative_float, default=None,
+                   help="0: closed loop (n_a clients back to back, the default); > 0: open loop, turns sent at Poisson "
+                        "instants with this mean gap (real tool / think time; see bench/agent_workload.py)")
     p.add_argument("--seed", type=int, default=0, help="first schedule seed")
     p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
     p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
@@ -478,7 +507,7 @@ def params_from_args(args: argparse.Namespace) -> AgentParams:
     """The default (or --quick) workload with the flags given on top."""
     base = AgentParams(**QUICK) if args.quick else AgentParams()
     overrides = {k: getattr(args, k) for k in ("agents", "active", "capacity", "turns", "first_tokens", "new_tokens",
-                                                "return_order", "idle_cv")
+                                                "return_order", "idle_cv", "mean_gap_ms")
                  if getattr(args, k) is not None}
     return replace(base, seed=args.seed, **overrides)
 

@@ -16,6 +16,11 @@ Cache capacity is sized in trajectories: m of them at their final length (n_a < 
 so the capacity in trajectories m(t) = C / L(t) falls over the run; sizing at the final length keeps m(t) >= m, the
 regime the analysis states (sizing at the mean length, as before, ended the run at m(t) ~ 0.68 m: most eviction
 happened well below the stated m).
+Timing (`mean_gap_ms`): 0 (default) is a closed loop, n_a clients sending the schedule back to back, so the turns in
+flight start and finish together and every return shares its prefill round with n_a - 1 others; > 0 is open loop,
+the schedule's k-th turn sent at a seeded Poisson instant (mean gap `mean_gap_ms`, and never before the agent's
+previous turn finished), so returns arrive spread out as tool / think times of real agents make them. The order, and
+with it the cache regime, is the same either way.
 Token ids are generated locally (no tokenizer, no data set).
 """
 from __future__ import annotations
@@ -42,6 +47,7 @@ class AgentParams:
     vocab: tuple[int, int] = (3, 2000)  # token ids drawn from [lo, hi): valid for every tiny model
     return_order: str = "idle-time"  # see RETURN_ORDERS
     idle_cv: float = 0.5  # coefficient of variation of the idle time (idle-time order only)
+    mean_gap_ms: float = 0.0  # 0: closed loop; > 0: open-loop dispatch, Poisson with this mean gap (dispatch_times)
 
     def __post_init__(self) -> None:
         errors = []
@@ -54,6 +60,8 @@ class AgentParams:
             errors.append(f"return_order={self.return_order!r}: allowed {', '.join(RETURN_ORDERS)}")
         if not self.idle_cv >= 0:
             errors.append(f"idle_cv={self.idle_cv} must be >= 0")
+        if not self.mean_gap_ms >= 0:
+            errors.append(f"mean_gap_ms={self.mean_gap_ms} must be >= 0 (0: closed loop)")
         if errors:
             raise ValueError("invalid agent workload: " + "; ".join(errors))
 
@@ -170,6 +178,21 @@ def make_schedule(params: AgentParams, rng: random.Random) -> list[tuple[int, in
             dispatch(rng.choice(ready))
         else:
             dispatch(min(ready, key=lambda a: (back_at[a], a)))
+
+
+def dispatch_times(params: AgentParams, count: int) -> list[float]:
+    """Open loop: the instants (s from the start) at which the schedule's turns are sent, Poisson with mean gap
+    mean_gap_ms; the same for every policy (its own seeded stream: the schedule's draws are untouched). Empty for
+    the closed loop."""
+    if params.mean_gap_ms == 0:
+        return []
+    rng = random.Random(params.seed * 1_000_003 + 7)
+    gap_s = params.mean_gap_ms / 1000.0
+    at, out = 0.0, []
+    for _ in range(count):
+        out.append(at)
+        at += rng.expovariate(1.0 / gap_s)
+    return out
 
 
 def live_counts(w: AgentWorkload) -> list[int]:

@@ -3,13 +3,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sglang_radixflow.bench import agent
-from sglang_radixflow.bench.agent_workload import RETURN_ORDERS, AgentParams, live_counts, make_agent_workload
+from sglang_radixflow.bench.agent_workload import (
+    RETURN_ORDERS, AgentParams, dispatch_times, live_counts, make_agent_workload,
+)
 from sglang_radixflow.bench.report import write_jsonl
 
 CONTRACT_KEYS = {
@@ -191,12 +197,105 @@ def test_cli_token_flags_reach_the_params_and_bad_values_name_the_flag(capsys: p
     assert quick_long == AgentParams(**{**agent.QUICK, "first_tokens": 1000})
     orders = agent.params_from_args(parser.parse_args(["--out", "x", "--return-order", "random", "--idle-cv", "0"]))
     assert orders == replace(AgentParams(), return_order="random", idle_cv=0.0)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--out", "x", "--idle-cv", "-1"])
-    assert "argument --idle-cv: needs a number >= 0" in capsys.readouterr().err
+    paced = agent.params_from_args(parser.parse_args(["--out", "x", "--mean-gap-ms", "250"]))
+    assert paced == replace(AgentParams(), mean_gap_ms=250.0)
+    for flag in ("--idle-cv", "--mean-gap-ms"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--out", "x", flag, "-1"])
+        assert f"argument {flag}: needs a number >= 0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="mean_gap_ms=-1.0 must be >= 0"):
+        AgentParams(mean_gap_ms=-1.0)
     for flag, value in (("--first-tokens", "0"), ("--new-tokens", "-5"), ("--new-tokens", "abc")):
         with pytest.raises(SystemExit):
             parser.parse_args(["--out", "x", flag, value])
         assert f"argument {flag}: needs an integer >= 1" in capsys.readouterr().err
     assert agent.prompt_too_long(replace(AgentParams(), first_tokens=3000, new_tokens=200)) is None
     assert "lower --first-tokens" in (agent.prompt_too_long(replace(AgentParams(), first_tokens=16000)) or "")
+
+
+def test_open_loop_dispatch_instants_are_seeded_poisson_and_the_schedule_is_unchanged() -> None:
+    closed = AgentParams(**agent.QUICK)
+    paced = replace(closed, mean_gap_ms=200.0)
+    assert dispatch_times(closed, 60) == []
+    t1, t2 = dispatch_times(paced, 2000), dispatch_times(paced, 2000)
+    assert t1 == t2 and t1[0] == 0.0 and all(b > a for a, b in zip(t1, t1[1:]))
+    gaps = [b - a for a, b in zip(t1, t1[1:])]
+    assert sum(gaps) / len(gaps) == pytest.approx(0.2, rel=0.08)
+    assert sum(g > 0.2 for g in gaps) / len(gaps) == pytest.approx(0.368, abs=0.04)  # exponential: P(gap > mean) = 1/e
+    assert dispatch_times(replace(paced, seed=1), 10) != t1[:10]
+    # timing is separate from the order: the same schedule (and so the same cache regime) either way
+    assert make_agent_workload(paced).schedule == make_agent_workload(closed).schedule
+    assert make_agent_workload(paced).describe()["mean_gap_ms"] == 200.0
+
+
+class _FakeGenerate(BaseHTTPRequestHandler):
+    """A stand-in for the server's streamed /generate, to time the client alone: answers after `delay_s` with
+    `gen` output ids, and records how many requests were in flight at once."""
+
+    delay_s = 0.03
+    lock = threading.Lock()
+    in_flight = 0
+    peak = 0
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.peak = max(cls.peak, cls.in_flight)
+        time.sleep(cls.delay_s)
+        with cls.lock:
+            cls.in_flight -= 1
+        chunk = {"output_ids": [7] * body["sampling_params"]["max_new_tokens"], "meta_info": {"cached_tokens": 5}}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_server() -> Iterator[str]:
+    _FakeGenerate.in_flight = _FakeGenerate.peak = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeGenerate)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _check_turn_order(w: Any, records: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    by_turn = {(r["agent"], r["turn"]): r for r in records}
+    assert sorted(by_turn) == sorted(w.schedule) and not any(r["error"] for r in records)
+    for (a, t), r in by_turn.items():
+        if t:  # a turn starts after the agent's previous one finished, from its prompt + output
+            prev = by_turn[(a, t - 1)]
+            assert r["sent_s"] >= prev["sent_s"] + prev["latency_s"] - 1e-3
+            assert r["reusable"] == prev["prompt_len"] + w.params.gen_tokens - 1
+    return by_turn
+
+
+def test_closed_loop_keeps_n_a_turns_in_flight_and_open_loop_sends_at_the_instants(fake_server: str) -> None:
+    closed = AgentParams(**{**agent.QUICK, "turns": 3})
+    w = make_agent_workload(closed)
+    _check_turn_order(w, agent.drive(fake_server, w, 10.0, lambda msg: None))
+    assert _FakeGenerate.peak == closed.active  # back to back: always n_a in flight
+
+    _FakeGenerate.peak = 0
+    paced = replace(closed, mean_gap_ms=60.0)
+    w = make_agent_workload(paced)
+    records = agent.drive(fake_server, w, 10.0, lambda msg: None)
+    by_turn = _check_turn_order(w, records)
+    due = dispatch_times(paced, len(w.schedule))
+    for idx, key in enumerate(w.schedule):
+        r = by_turn[key]
+        assert r["sent_s"] >= due[idx] - 1e-3  # never early
+        assert r["late_s"] == pytest.approx(max(0.0, r["sent_s"] - due[idx]))
+    # 30 ms answers every 60 ms on average: mostly one at a time, not n_a back to back
+    on_time = sum(r["late_s"] < 0.02 for r in records)
+    assert on_time >= 0.8 * len(records)
