@@ -262,7 +262,26 @@ def arm_summary(arch: str, policy: str, records: Sequence[dict[str, Any]], round
         "missed_fraction_mean": mean([r["missed_tokens"] / r["reusable"] for r in ret if r["reusable"]]),
         "return_turns": len(ret),
         **_steady(ret),
+        **_alone(ok, ret),
     }
+
+
+def _alone(ok: Sequence[dict[str, Any]], ret: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """TTFT of the return turns that ran alone: no other turn (of the same schedule) in flight when it was sent, and
+    none sent before its first token. Their TTFT is the eviction policy's effect without queueing: on CPU a prefill
+    costs in proportion to every token in its round, so concurrent turns add their work to each other's TTFT."""
+    by_seed: dict[Any, list[dict[str, Any]]] = {}
+    for r in ok:
+        by_seed.setdefault(r.get("seed"), []).append(r)
+
+    def overlaps(r: dict[str, Any], o: dict[str, Any]) -> bool:
+        return (o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["latency_s"]
+                or r["sent_s"] <= o["sent_s"] < r["sent_s"] + r["ttft_s"])
+
+    alone = [r for r in ret if not any(o is not r and overlaps(r, o) for o in by_seed[r.get("seed")])]
+    ttft = [r["ttft_s"] for r in alone]
+    return {"alone_turns": len(alone), "alone_ttft_mean_s": mean(ttft), "alone_ttft_p99_s": percentile(ttft, 99),
+            "alone_missed_p99": percentile([float(r["missed_tokens"]) for r in alone], 99)}
 
 
 def _steady(ret: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -349,15 +368,17 @@ def format_report(summary: dict[str, Any]) -> str:
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
         "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed. "
-        "In-regime (summary.json steady_*): return turns dispatched while more than m agents still had turns left.",
+        "In-regime (summary.json steady_*): return turns dispatched while more than m agents still had turns left. "
+        "Alone (summary.json alone_*): return turns with no other turn in flight from their send to their first token "
+        "(the policy's effect on TTFT without queueing; on CPU concurrent prefills add their work to each other's TTFT).",
         "",
     ]
     models = sorted({a["model"] for a in summary["arms"].values()})
     for arch in models:
         lines += [f"## {arch}", "",
                   "| policy | TTFT mean (s) | TTFT P50 | TTFT P99 | missed mean | missed P50 | missed P99 | "
-                  "missed share | reuse ratio | in-regime missed mean / P99 | errors | leak |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "missed share | reuse ratio | in-regime missed mean / P99 | alone: turns, TTFT P99 | errors | leak |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, a in summary["arms"].items():
             if a["model"] != arch:
                 continue
@@ -366,13 +387,17 @@ def format_report(summary: dict[str, Any]) -> str:
                 f"{_f(a['missed_tokens_mean'], '{:.1f}')} | {_f(a['missed_tokens_p50'], '{:.1f}')} | "
                 f"{_f(a['missed_tokens_p99'], '{:.1f}')} | {_f(a['missed_fraction_mean'])} | {_f(a['reuse_ratio'])} | "
                 f"{_f(a.get('steady_missed_mean'), '{:.1f}')} / {_f(a.get('steady_missed_p99'), '{:.1f}')} | "
-                f"{a['errors']} | {'yes' if a.get('idle_leak_reported') else 'no'} |")
+                f"{a.get('alone_turns', 'n/a')}, {_f(a.get('alone_ttft_p99_s'))} | {a['errors']} | {'yes' if a.get('idle_leak_reported') else 'no'} |")
         t = summary["targets"].get(arch)
         if t:
             lines += ["", "| rr / lru | rr | lru | ratio | target | met |", "|---|---|---|---|---|---|"]
             for name, row in t.items():
                 lines.append(f"| {name} | {_f(row['rr'])} | {_f(row['lru'])} | {_f(row['ratio'])} | "
                              f"<= {row['target']} | {'yes' if row['met'] else 'NO'} |")
+            rr, lru = (summary["arms"].get(f"{arch}/{pol}", {}).get("alone_ttft_p99_s") for pol in ("rr", "lru"))
+            if rr is not None and lru:
+                lines += ["", f"Turns that ran alone (not a target): TTFT P99 rr / lru = {rr:.3f} / {lru:.3f} = "
+                              f"{rr / lru:.2f}x."]
         lines.append("")
     lines += ["![TTFT and missed tokens](agent_distributions.png)", ""]
     return "\n".join(lines)

@@ -299,3 +299,22 @@ def test_closed_loop_keeps_n_a_turns_in_flight_and_open_loop_sends_at_the_instan
     # 30 ms answers every 60 ms on average: mostly one at a time, not n_a back to back
     on_time = sum(r["late_s"] < 0.02 for r in records)
     assert on_time >= 0.8 * len(records)
+
+
+def test_alone_turns_are_those_with_nothing_else_in_flight() -> None:
+    def rec(agent_id: int, turn: int, sent: float, ttft: float, latency: float, seed: int = 0) -> dict[str, Any]:
+        return {"agent": agent_id, "turn": turn, "prompt_len": 100, "reusable": 50, "sent_s": sent, "ttft_s": ttft,
+                "latency_s": latency, "cached_tokens": 40, "missed_tokens": 10 * agent_id, "output_len": 8,
+                "error": None, "seed": seed}
+
+    recs = [
+        rec(0, 0, 0.0, 0.5, 1.0),  # a first turn: never counted, but it is in flight until 1.0
+        rec(1, 1, 0.5, 0.2, 0.4),  # sent while turn 0 runs: not alone
+        rec(2, 1, 2.0, 0.3, 0.5),  # alone
+        rec(3, 1, 3.0, 0.4, 0.6),  # another turn is sent before its first token: not alone
+        rec(4, 1, 3.2, 0.1, 0.2),  # sent while the previous one runs: not alone
+        rec(5, 1, 3.2, 0.7, 0.9, seed=1),  # same instant, another schedule (run at another time): alone
+    ]
+    arm = agent.arm_summary("qwen3", "rr", recs, [], [])
+    assert arm["alone_turns"] == 2 and arm["alone_missed_p99"] == pytest.approx(50.0, abs=0.5)
+    assert arm["alone_ttft_mean_s"] == pytest.approx(0.5)
