@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from array import array
 
-from sglang_radixflow.cache.promises import PromiseTable, longest_common_prefix
+from sglang_radixflow.cache.promises import PromiseTable, common_prefix_with, longest_common_prefix
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.schedule.producers import (
     INDEX_PREFIX,
@@ -110,6 +110,15 @@ def test_longest_common_prefix_matches_a_naive_scan() -> None:
         expected = naive(a, b)
         assert longest_common_prefix(a, b) == expected
         assert longest_common_prefix(array("q", b), array("q", a)) == expected
+    # long sequences (the search narrows to a window before the XOR) and hints, right or wrong
+    for _ in range(1000):
+        base = [rng.randrange(-(1 << 63), 1 << 63) if rng.random() < 0.5 else rng.randrange(-3, 3) for _ in range(700)]
+        a = base[: rng.randint(0, 700)]
+        b = base[: rng.randint(0, len(a))] + [rng.randrange(-3, 3) for _ in range(rng.randint(0, 30))]
+        expected = naive(a, b)
+        head = array("q", a).tobytes()
+        for hint in (0, expected, rng.randint(0, 720), expected + 1, max(0, expected - 1)):
+            assert common_prefix_with(head, b, hint=hint) == expected, (len(a), len(b), hint)
 
 
 def test_persistent_index_follows_the_queue_across_passes() -> None:
