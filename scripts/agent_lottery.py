@@ -14,7 +14,7 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from sglang_radixflow.bench.agent_workload import AgentParams, make_agent_workload
+from sglang_radixflow.bench.agent_workload import RETURN_ORDERS, AgentParams, make_agent_workload
 
 
 def missed_per_return(policy: str, params: AgentParams, block: int) -> list[int]:
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--capacity", type=float, default=AgentParams().capacity)
     ap.add_argument("--block", type=int, default=16)
-    ap.add_argument("--return-order", default=AgentParams().return_order)
+    ap.add_argument("--return-order", choices=RETURN_ORDERS, default=AgentParams().return_order)
     ap.add_argument("--idle-cv", type=float, default=AgentParams().idle_cv)
     ap.add_argument("--first-tokens", type=int, default=AgentParams().first_tokens)
     ap.add_argument("--new-tokens", type=int, default=AgentParams().new_tokens)

@@ -387,7 +387,8 @@ def format_report(summary: dict[str, Any]) -> str:
                 f"{_f(a['missed_tokens_mean'], '{:.1f}')} | {_f(a['missed_tokens_p50'], '{:.1f}')} | "
                 f"{_f(a['missed_tokens_p99'], '{:.1f}')} | {_f(a['missed_fraction_mean'])} | {_f(a['reuse_ratio'])} | "
                 f"{_f(a.get('steady_missed_mean'), '{:.1f}')} / {_f(a.get('steady_missed_p99'), '{:.1f}')} | "
-                f"{a.get('alone_turns', 'n/a')}, {_f(a.get('alone_ttft_p99_s'))} | {a['errors']} | {'yes' if a.get('idle_leak_reported') else 'no'} |")
+                f"{a.get('alone_turns', 'n/a')}, {_f(a.get('alone_ttft_p99_s'))} | {a['errors']} | "
+                f"{'yes' if a.get('idle_leak_reported') else 'no'} |")
         t = summary["targets"].get(arch)
         if t:
             lines += ["", "| rr / lru | rr | lru | ratio | target | met |", "|---|---|---|---|---|---|"]

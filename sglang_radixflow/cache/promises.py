@@ -191,6 +191,7 @@ def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return common_prefix_with(as_tokens(a).tobytes(), b)
 
 
+assert array("q").itemsize == 8, "common_prefix_with counts 8 bytes per token id"
 _XOR_WINDOW = 64  # tokens: within a window this short, one XOR of the two spans' bytes finds the first difference
 
 

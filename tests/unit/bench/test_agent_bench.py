@@ -5,7 +5,7 @@ import argparse
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +17,7 @@ from sglang_radixflow.bench.agent_workload import (
     RETURN_ORDERS, AgentParams, dispatch_times, live_counts, make_agent_workload,
 )
 from sglang_radixflow.bench.report import write_jsonl
+from tests.unit.bench.http_stub import serve
 
 CONTRACT_KEYS = {
     "model", "requests", "completed", "errors", "rounds", "prefill_rounds", "rows_per_round", "tokens_per_round",
@@ -259,14 +260,8 @@ class _FakeGenerate(BaseHTTPRequestHandler):
 @pytest.fixture
 def fake_server() -> Iterator[str]:
     _FakeGenerate.in_flight = _FakeGenerate.peak = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeGenerate)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_FakeGenerate) as url:
+        yield url
 
 
 def _check_turn_order(w: Any, records: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Iterator
 
 import pytest
 
 from sglang_radixflow.bench.client import OpenLoopClient, first_token_agreement
 from sglang_radixflow.bench.workloads import WorkloadParams, make_workload
+from tests.unit.bench.http_stub import serve
 
 
 class _Stub(BaseHTTPRequestHandler):
@@ -40,14 +40,8 @@ class _Stub(BaseHTTPRequestHandler):
 @pytest.fixture()
 def stub_url() -> Iterator[str]:
     _Stub.arrivals = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Stub) as url:
+        yield url
 
 
 def test_open_loop_records_and_sibling_release(stub_url: str) -> None:
