@@ -191,41 +191,26 @@ def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return common_prefix_with(as_tokens(a).tobytes(), b)
 
 
-assert array("q").itemsize == 8, "common_prefix_with counts 8 bytes per token id"
-_XOR_WINDOW = 64  # tokens: within a window this short, one XOR of the two spans' bytes finds the first difference
-
-
 def common_prefix_with(head: bytes, b: Sequence[int], hint: int = 0) -> int:
-    """LCP length of `b` and the tokens whose array('q') bytes are `head`. The planner runs this per sibling per
-    producer, so it avoids Python-level loops over tokens: prefix equality is `bytes.startswith` on zero-copy
-    memoryview slices (in C), a binary search narrows the first difference to a window of _XOR_WINDOW tokens, and
-    the lowest set bit of the XOR of the window's bytes (read as little-endian integers) locates it. `hint`: a
-    likely answer (siblings of one group share one prefix), confirmed with two comparisons. Siblings usually part
-    near their ends, so the search first probes one window before the end."""
+    """LCP length of `b` and the tokens whose array('q') bytes are `head`, by binary search over prefix equality.
+    `bytes.startswith(memoryview slice)` compares in C without copying (array slices copy): ~3x faster than slice
+    equality, and the planner runs this per sibling per producer (passing `head` once per producer). `hint`: a
+    likely answer (siblings of one group share one prefix), checked first with two comparisons."""
     b = as_tokens(b)
-    n = min(len(head) >> 3, len(b))
-    tail = memoryview(b).cast("B")  # b's bytes; a slice is a view, not a copy
-    if 0 < hint < n:
-        at = hint << 3
-        if head.startswith(tail[:at]) and head[at:at + 8] != tail[at:at + 8]:
+    n = min(len(head) // b.itemsize, len(b))
+    with memoryview(b) as tail:  # items of b; a slice is a zero-copy view of the first k tokens' bytes
+        if head.startswith(tail[:n]):
+            return n
+        if 0 < hint < n and head.startswith(tail[:hint]) and not head.startswith(tail[: hint + 1]):
             return hint
-    if head.startswith(tail[: n << 3]):
-        return n
-    lo, hi = 0, n  # invariant: the first lo tokens match, the first hi do not
-    probe = n - _XOR_WINDOW
-    if probe > 0:
-        if head.startswith(tail[: probe << 3]):
-            lo = probe
-        else:
-            hi = probe
-    while hi - lo > _XOR_WINDOW:
-        mid = (lo + hi) >> 1
-        if head.startswith(tail[: mid << 3]):
-            lo = mid
-        else:
-            hi = mid
-    diff = int.from_bytes(head[lo << 3:hi << 3], "little") ^ int.from_bytes(tail[lo << 3:hi << 3], "little")
-    return lo + (((diff & -diff).bit_length() - 1) >> 6)  # lowest differing bit -> its token (64 bits each)
+        lo, hi = 0, n - 1  # invariant: the first lo tokens match, the first hi + 1 do not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if head.startswith(tail[:mid]):
+                lo = mid
+            else:
+                hi = mid - 1
+    return lo
 
 
 def best_boundary(candidate_lcps: Iterable[int], floor: int) -> int:
