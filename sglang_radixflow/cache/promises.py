@@ -33,6 +33,8 @@ class Promise:
     # Full attention: the producer's KV serves every prefix of the promised one, so a request sharing only part of
     # it (another question on the same document) is served up to what it shares. Hybrids publish one state, at b.
     partial: bool = False
+    # SGLang's tree holds whole pages only: a partial promise serves the shared part rounded down to a page.
+    page_size: int = 1
     # (waiting request, tokens of it this promise serves) for the siblings the producer was planned for: lets the
     # scheduler prove them Blocked while the promise is in flight without matching them (SchedulingState).
     consumers: tuple = field(default=(), compare=False, repr=False)
@@ -40,6 +42,7 @@ class Promise:
     def __post_init__(self) -> None:
         self.tokens = as_tokens(self.tokens)
         assert len(self.tokens) == self.boundary > 0, (len(self.tokens), self.boundary)
+        assert self.boundary % self.page_size == 0, f"b={self.boundary} is not a multiple of the page {self.page_size}"
         self._bytes = self.tokens.tobytes() if self.partial else b""
 
     def covers(self, namespace: Hashable, tokens: Sequence[int]) -> bool:
@@ -56,7 +59,8 @@ class Promise:
         if namespace != self.namespace:
             return 0
         if self.partial:
-            return common_prefix_with(self._bytes, tokens)
+            shared = common_prefix_with(self._bytes, tokens)
+            return shared - shared % self.page_size
         return self.boundary if self.covers(namespace, tokens) else 0
 
 
@@ -94,9 +98,9 @@ class PromiseTable:
 
     def register(
         self, namespace: Hashable, tokens: Sequence[int], boundary: int, producer_rid: str, round_id: int,
-        partial: bool = False,
+        partial: bool = False, page_size: int = 1,
     ) -> Promise:
-        promise = Promise(namespace, tokens, boundary, producer_rid, round_id, partial=partial)
+        promise = Promise(namespace, tokens, boundary, producer_rid, round_id, partial=partial, page_size=page_size)
         self._open.setdefault(producer_rid, []).append(promise)
         key = self._head_key_of(promise)
         (self._short if key is None else self._by_head.setdefault(key, [])).append(promise)

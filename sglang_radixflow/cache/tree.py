@@ -77,7 +77,7 @@ class RadixFlowCache(UnifiedRadixCache):
             chunk = int(mamba.mamba_cache_chunk_size)
         self.rf_sched = SchedulingState(
             config, mode, chunk, state_ready_len=self.state_ready_len, trace=self.rf_trace,
-            path_len=self.path_len if self.page_size == 1 else None,
+            path_len=self.path_len if self.page_size == 1 else None, page_size=int(self.page_size),
         )
 
     def state_ready_len(self, namespace: Any, tokens: Any) -> int:

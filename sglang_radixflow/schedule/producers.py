@@ -159,9 +159,13 @@ class SiblingIndex:
 
 def plan_producer(
     req: Any, tokens: Sequence[int], siblings: Iterable[Any], *, min_gain: int, mode: PublishMode,
-    cache_chunk: int, excluded: set[int], token_hit: int = 0,
+    cache_chunk: int, excluded: set[int], token_hit: int = 0, page_size: int = 1,
 ) -> Optional[ProducerPlan]:
     """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise.
+
+    The tree holds whole pages only (SGLang inserts and matches page-aligned keys), so what a sibling can reuse is
+    its shared prefix rounded down to a page: the boundary is a page multiple, and none is planned when rounding
+    leaves less than min_gain past the producer's state hit (a page-aligned hit).
 
     no_buffer hybrids: when the tree already holds KV past the producer's state (token hit ĥ >= h + min_gain), ĥ is
     where this request leaves a path the tree knows, i.e. a branch point (a document seen before under another
@@ -177,7 +181,8 @@ def plan_producer(
             continue
         sib_tokens = request_tokens(sib)
         lcp = common_prefix_with(head, sib_tokens, hint=lcp)
-        shared.append((sib, min(lcp, key_limit(sib, sib_tokens), len(tokens))))
+        usable = min(lcp, key_limit(sib, sib_tokens), len(tokens))
+        shared.append((sib, usable - usable % page_size))
     lcps = [lcp for _, lcp in shared]
     boundary = best_boundary(lcps, floor=state_hit + min_gain - 1)
     if mode is PublishMode.CHUNK_END and state_hit + min_gain <= token_hit < boundary:

@@ -56,16 +56,16 @@ class PassStats:
     token_hit_sum: int = 0
     state_hit_sum: int = 0
     first_selection_wait_s: list[float] = field(default_factory=list)
-    promises_before: tuple[int, int, int] = (0, 0, 0)
 
 
 class SchedulingState:
     def __init__(
         self, config: RadixFlowConfig, mode: PublishMode, cache_chunk: int,
         state_ready_len: Optional[Callable[[Any, Any], int]] = None, trace: Optional[TraceWriter] = None,
-        path_len: Optional[Callable[[Any, Any], int]] = None,
+        path_len: Optional[Callable[[Any, Any], int]] = None, page_size: int = 1,
     ) -> None:
         self.config = config
+        self.page_size = page_size  # the tree's unit: boundaries and partial promises are whole pages
         self._path_len = path_len  # the tree's held path length (RadixFlowCache.path_len); None: not screened
         self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0))
         self.recorder = RoundRecorder(trace or TraceWriter(None))
@@ -74,6 +74,7 @@ class SchedulingState:
         self.cache_chunk = max(1, cache_chunk)
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
+        self._promises_reported = (0, 0, 0)  # promise counters at the last round record (promise_record)
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
@@ -104,10 +105,7 @@ class SchedulingState:
 
     def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
-        c = self.promises.counters
-        self.current = PassStats(
-            round_id=round_id, waiting=len(waiting), promises_before=(c.registered, c.published, c.cancelled)
-        )
+        self.current = PassStats(round_id=round_id, waiting=len(waiting))
         self._waiting = waiting
         self._examined_at_begin = self._examined
         self._row_budget = row_budget
@@ -289,6 +287,7 @@ class SchedulingState:
         return plan_producer(
             req, tokens, siblings, min_gain=self.config.min_gain_tokens, mode=self.mode,
             cache_chunk=self.cache_chunk, excluded=self.current.admitted_ids, token_hit=token_hit,
+            page_size=self.page_size,
         )
 
     def plan_cache_only(self, req: Any, token_hit: int) -> Optional[ProducerPlan]:
@@ -320,7 +319,7 @@ class SchedulingState:
         promises = [
             self.promises.register(
                 namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id,
-                partial=plan.mode is PublishMode.KV,
+                partial=plan.mode is PublishMode.KV, page_size=self.page_size,
             )
             for boundary in (plan.boundary, *plan.later)
         ]
@@ -375,8 +374,6 @@ class SchedulingState:
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
                     ) -> dict[str, Any]:
         """The prefill-pass half of a round record (see observe/rounds.py)."""
-        c = self.promises.counters
-        reg0, pub0, can0 = stats.promises_before
         bubble = (
             stats.stopped_on_blocked
             and len(stats.admitted_reqs) < row_budget
@@ -387,11 +384,22 @@ class SchedulingState:
             "blocked_skips": stats.blocked_skips, "blocked_screened": stats.screened,
             "fragment_skips": stats.fragment_skips, "producer_holds": stats.held, "deferred": len(waiting_after), "producers": stats.producers,
             "prefix_requests": stats.prefix_requests,
-            "promises_open": len(self.promises), "promises_registered_delta": c.registered - reg0,
-            "promises_published_delta": c.published - pub0, "promises_cancelled_delta": c.cancelled - can0,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,
             "state_hit_sum": stats.state_hit_sum, "admitted": [str(r.rid) for r in stats.admitted_reqs],
             "first_selection_wait_s": stats.first_selection_wait_s,
+        }
+
+    def promise_record(self) -> dict[str, int]:
+        """Promises open now, and registered / published / cancelled since the previous round record. Publication
+        and most cancellations happen while a round's results are processed, after its record: they show in the
+        next round's, whatever its kind."""
+        c = self.promises.counters
+        now = (c.registered, c.published, c.cancelled)
+        reg0, pub0, can0 = self._promises_reported
+        self._promises_reported = now
+        return {
+            "promises_open": len(self.promises), "promises_registered_delta": now[0] - reg0,
+            "promises_published_delta": now[1] - pub0, "promises_cancelled_delta": now[2] - can0,
         }
 
     def blocking_promise_unbounded(self, req: Any) -> Optional[Promise]:

@@ -55,3 +55,17 @@ def test_lcp_and_boundary_choice() -> None:
     assert best_boundary([100, 100, 100, 150], floor=0) == 100
     assert best_boundary([100, 400], floor=0) == 400
     assert best_boundary([10, 20], floor=20) == 0
+
+
+def test_partial_promises_serve_whole_pages_only() -> None:
+    """SGLang's tree holds whole pages: a full-attention promise serves the shared part rounded down to a page, and a
+    boundary that is not a page multiple is refused (the planner rounds it)."""
+    table = PromiseTable()
+    doc = list(range(1000, 1100))
+    promise = table.register("ns", doc[:96], 96, "p", 1, partial=True, page_size=16)
+    assert promise.serves("ns", doc[:70] + [1] * 40) == 64  # 70 shared: 4 pages
+    assert promise.serves("ns", doc) == 96
+    assert table.blocking("ns", doc[:70] + [1] * 40, state_hit=64, key_limit=109, min_gain=1) is None  # no page to gain
+    assert table.blocking("ns", doc[:70] + [1] * 40, state_hit=48, key_limit=109, min_gain=1) is promise
+    with pytest.raises(AssertionError, match="not a multiple of the page"):
+        table.register("ns", doc[:90], 90, "q", 1, partial=True, page_size=16)
