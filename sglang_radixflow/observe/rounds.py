@@ -92,7 +92,7 @@ class RoundRecorder:
             m["tokens"].inc(record["tokens"])
             m["blocked"].inc(record.get("blocked_skips", 0))
             m["bubbles"].inc(int(record.get("avoidable_bubble", False)))
-            for outcome in ("registered", "published", "cancelled"):
-                delta = record.get(f"promises_{outcome}_delta", 0)
-                if delta:
-                    m["promises"].labels(outcome=outcome).inc(delta)
+        for outcome in ("registered", "published", "cancelled"):  # on any round: promises close between passes
+            delta = record.get(f"promises_{outcome}_delta", 0)
+            if delta:
+                m["promises"].labels(outcome=outcome).inc(delta)

@@ -118,5 +118,6 @@ def run_batch(orig: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, 
         sched.pending_pass = None
         _, stats, row_budget, token_budget, waiting_after = pending
         record.update(sched.pass_record(stats, row_budget, token_budget, waiting_after))
+    record.update(sched.promise_record())
     sched.recorder.record(record)
     return result

@@ -148,9 +148,16 @@ def test_round_trace_records_the_producer_round_and_the_consumer_round(
     assert producer_round["rows"] == 2 and producer_round["tokens"] == DOC_LEN + 300
     assert producer_round["prefix_requests"] == 1  # the producer waits too, for its own prefix request
     assert producer_round["deferred"] == 4 and not producer_round["avoidable_bubble"]
+    assert producer_round["promises_registered_delta"] == 1 and producer_round["promises_open"] == 1
     consumer_round = next(r for r in rounds if r["round"] == producer_round["round"] + 1)
     assert consumer_round["rows"] == 4 and consumer_round["state_hit_sum"] == 4 * DOC_LEN
+    # the prefix request's state landed while the producer round's results were processed: published since then
+    assert consumer_round["promises_published_delta"] == 1 and consumer_round["promises_cancelled_delta"] == 0
     assert all(r["host_time_s"] > 0 for r in rounds)
+    every = list(read_trace(str(trace_path), "round"))  # all kinds: the deltas add up to the table's counters
+    opened = sum(r["promises_registered_delta"] for r in every)
+    closed = sum(r["promises_published_delta"] + r["promises_cancelled_delta"] for r in every)
+    assert opened - closed == every[-1]["promises_open"]
 
 
 def test_namespaces_never_share_a_producer(hybrid_servers: dict[str, SGLangServer]) -> None:
@@ -204,4 +211,50 @@ def test_prometheus_exports_round_counters(control_servers: dict[str, SGLangServ
     }
     assert values["radixflow_blocked_skips_total"] >= 3
     assert values['radixflow_promises_total{outcome="registered"}'] >= 1
+    assert values['radixflow_promises_total{outcome="published"}'] >= 1
     assert values['radixflow_rounds_total{kind="prefill"}'] >= 2
+
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def paged_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    model = str(model_dirs["qwen3"])
+    trace = tmp_path_factory.mktemp("paged") / "radixflow.jsonl"
+    args = ["--page-size", str(PAGE), *FLOAT32]
+    servers = {
+        "sglang": SGLangServer(model, radix_cache=None, extra_args=args),
+        "radixflow": SGLangServer(model, extra_args=args, env={"RADIXFLOW_TRACE": str(trace)}),
+    }
+    try:
+        for s in servers.values():
+            s.start()
+        yield {"servers": servers, "trace": trace}
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
+def test_paged_tree_consumers_wait_once_for_the_last_whole_page(paged_servers: dict) -> None:
+    """--page-size 16 (GPU attention backends page their KV): the tree holds the document's whole pages only, so the
+    promise ends at the last one (592 of 600 tokens) and the three consumers start from it together, in one round."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    servers = paged_servers["servers"]
+    cands, other = _workload(21)
+    results = {arm: _batch(s, cands + [other]) for arm, s in servers.items()}
+    aligned = DOC_LEN - DOC_LEN % PAGE
+    assert [o["meta_info"]["cached_tokens"] for o in results["sglang"]] == [0] * 5
+    assert [o["meta_info"]["cached_tokens"] for o in results["radixflow"]] == [0, aligned, aligned, aligned, 0]
+    assert [o["output_ids"] for o in results["radixflow"]] == [o["output_ids"] for o in results["sglang"]]
+    time.sleep(0.5)
+    prefill = [r for r in read_trace(str(paged_servers["trace"]), "round") if r["kind_of_round"] == "prefill"]
+    producer = next(r for r in prefill if r["producers"] == 1)
+    consumers = next(r for r in prefill if r["round"] > producer["round"])
+    assert (producer["rows"], producer["blocked_skips"]) == (2, 3)
+    assert (consumers["rows"], consumers["producers"], consumers["promises_published_delta"]) == (3, 0, 1)
+    assert sum(r["producers"] for r in prefill) == 1  # no consumer re-plans the unreachable rest of the document
+    time.sleep(1.5)
+    assert servers["radixflow"].generate([9, 8, 7], 2)["output_ids"]
+    assert LEAK not in servers["radixflow"].log_text()
