@@ -17,6 +17,9 @@ def bind_scheduler(scheduler: Any) -> None:
     assert isinstance(scheduler.forward_ct, int), "Scheduler.forward_ct is the round counter radixflow reads"
     cache.rf_clock.bind(lambda: scheduler.forward_ct)
     sched: SchedulingState = cache.rf_sched
+    assert isinstance(getattr(cache, "disable", None), bool), "UnifiedRadixCache.disable is --disable-radix-cache"
+    if cache.disable:  # SGLang still builds the tree then, but it stores nothing: no promise could ever be kept
+        sched.make_inert("--disable-radix-cache is on: the tree stores nothing, so no prefix can be published")
     # A skipped request has already consumed a storage prefetch span / triggered a preemption (scheduler.py).
     for flag, why in (
         ("enable_hicache_storage", "HiCache storage prefetch spans are consumed before admission"),

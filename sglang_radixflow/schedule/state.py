@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable
@@ -102,6 +102,16 @@ class SchedulingState:
         if self.traversal != "native":
             logger.warning("sglang-radixflow: state-ready traversal disabled: %s", reason)
         self.traversal, self.disabled_reason = "native", reason
+
+    def make_inert(self, reason: str) -> None:
+        """SGLang's own scheduling throughout — no traversal, no admission hold, no prefix requests, no fragment
+        deferral — for a cache that can publish nothing (every wait would be for nothing)."""
+        self.disable_traversal(reason)
+        if self.gate.mode != "native":
+            logger.warning("sglang-radixflow: admission hold disabled: %s", reason)
+        self.gate.mode = "native"
+        self.prefix_requests = False
+        self.config = replace(self.config, fragmentation=False)
 
     def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)

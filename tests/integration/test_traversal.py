@@ -258,3 +258,23 @@ def test_paged_tree_consumers_wait_once_for_the_last_whole_page(paged_servers: d
     time.sleep(1.5)
     assert servers["radixflow"].generate([9, 8, 7], 2)["output_ids"]
     assert LEAK not in servers["radixflow"].log_text()
+
+
+def test_disabled_radix_cache_keeps_sglangs_scheduling(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """--disable-radix-cache with the radixflow backend: SGLang still builds the tree, but it stores nothing, so a
+    promise could never be kept. The siblings used to be let through one per round, each recomputing the document
+    anyway; now radixflow steps aside (logged) and all five run in SGLang's one round."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    trace = tmp_path / "radixflow.jsonl"
+    server = SGLangServer(str(model_dirs["qwen3"]), extra_args=["--disable-radix-cache"],
+                          env={"RADIXFLOW_TRACE": str(trace)})
+    cands, other = _workload(23)
+    with server:
+        out = _batch(server, cands + [other])
+        log = server.log_text()
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [0] * 5
+    assert "state-ready traversal disabled: --disable-radix-cache is on" in log
+    assert "traversal=native admission=native" in log
+    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
+    assert [(r["rows"], r["blocked_skips"], r["producers"]) for r in prefill] == [(5, 0, 0)]
