@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -287,13 +288,18 @@ def test_closed_loop_keeps_n_a_turns_in_flight_and_open_loop_sends_at_the_instan
     records = agent.drive(fake_server, w, 10.0, lambda msg: None)
     by_turn = _check_turn_order(w, records)
     due = dispatch_times(paced, len(w.schedule))
-    for idx, key in enumerate(w.schedule):
-        r = by_turn[key]
+    held = []
+    for idx, (a, t) in enumerate(w.schedule):
+        r = by_turn[(a, t)]
         assert r["sent_s"] >= due[idx] - 1e-3  # never early
         assert r["late_s"] == pytest.approx(max(0.0, r["sent_s"] - due[idx]))
-    # 30 ms answers every 60 ms on average: mostly one at a time, not n_a back to back
-    on_time = sum(r["late_s"] < 0.02 for r in records)
-    assert on_time >= 0.8 * len(records)
+        prev = by_turn.get((a, t - 1))
+        ready = max(due[idx], prev["sent_s"] + prev["latency_s"]) if prev else due[idx]
+        held.append(r["sent_s"] - ready)
+    # sent at its instant, or when the agent's own previous turn ended: never held back behind other agents' turns
+    # (a median, so that a thread woken late on a loaded machine does not decide it; a sender limited to n_a workers
+    # would hold turns back by whole 30 ms answers)
+    assert statistics.median(held) < 0.015, sorted(held)
 
 
 def test_alone_turns_are_those_with_nothing_else_in_flight() -> None:
