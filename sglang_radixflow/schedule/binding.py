@@ -36,9 +36,8 @@ def bind_scheduler(scheduler: Any) -> None:
         # A prefix request would be sent to a decode instance like any finished prefill.
         logger.warning("sglang-radixflow: prefix requests disabled: PD disaggregation is on")
         sched.prefix_requests = False
-    if getattr(scheduler, "prefill_delayer", None) is not None and sched.gate.mode != "native":
-        logger.warning("sglang-radixflow: admission hold disabled: SGLang's prefill delayer is on")
-        sched.gate.mode = "native"
+    if getattr(scheduler, "prefill_delayer", None) is not None:
+        sched.disable_hold("SGLang's prefill delayer is on")
     from sglang.srt.runtime_context import get_observability
 
     sched.recorder.enable_metrics(bool(get_observability().enable_metrics))

@@ -103,14 +103,16 @@ class SchedulingState:
             logger.warning("sglang-radixflow: state-ready traversal disabled: %s", reason)
         self.traversal, self.disabled_reason = "native", reason
 
-    def make_inert(self, reason: str) -> None:
-        """SGLang's own scheduling throughout — no traversal, no admission hold, no prefix requests, no fragment
-        deferral — for a cache that can publish nothing (every wait would be for nothing)."""
-        self.disable_traversal(reason)
+    def disable_hold(self, reason: str) -> None:
         if self.gate.mode != "native":
             logger.warning("sglang-radixflow: admission hold disabled: %s", reason)
         self.gate.mode = "native"
-        self.prefix_requests = False
+
+    def make_inert(self, reason: str) -> None:
+        """SGLang's own scheduling throughout — no traversal (hence no producers or prefix requests), no admission
+        hold, no fragment deferral — for a cache that can publish nothing (every wait would be for nothing)."""
+        self.disable_traversal(reason)
+        self.disable_hold(reason)
         self.config = replace(self.config, fragmentation=False)
 
     def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None) -> None:
