@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang_radixflow.cache.clock import RoundClock
 from sglang_radixflow.cache.components import RadixFlowFullComponent, RadixFlowMambaComponent
 from sglang_radixflow.config import RadixFlowConfig
-from sglang_radixflow.observe.trace import TraceWriter
+from sglang_radixflow.observe.trace import TraceWriter, rank_trace_path
 
 # Our component hooks run only on SGLang's Python tree core (the Rust core calls none of them).
 PYTHON_TREE_CORE = "python"
@@ -68,7 +68,7 @@ class RadixFlowCache(UnifiedRadixCache):
         from sglang_radixflow.schedule.state import SchedulingState
 
         self.rf_config = config
-        self.rf_trace = TraceWriter(config.trace_path, enabled=tp_rank == 0)
+        self.rf_trace = TraceWriter(rank_trace_path(config.trace_path, tp_rank))
         mamba = self.components.get(ComponentType.MAMBA)
         if mamba is None:
             mode, chunk = PublishMode.KV, 1

@@ -10,6 +10,7 @@ FAMILIES: tuple[str, ...] = (
     "sglang_radixflow.cpu.mamba2",
     "sglang_radixflow.cpu.gdn",
     "sglang_radixflow.cpu.attention",
+    "sglang_radixflow.cpu.dist",
 )
 
 

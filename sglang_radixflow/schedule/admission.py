@@ -38,8 +38,8 @@ class AdmissionGate:
         self._state_ready_len = state_ready_len
         self._demand: dict[str, int] = {}  # rid -> remaining tokens, valid until the next round runs
         self._holding = False
-        self.holds = 0  # passes skipped to hold arrivals
-        self.releases: dict[str, int] = {}  # why holds ended
+        self.holds = 0  # scheduler steps that held arrivals (the shared decision, see settle)
+        self.releases: dict[str, int] = {}  # why holds ended (this rank's reason)
 
     def forget_demands(self) -> None:
         """A round ran: the tree changed, so cached demands are stale."""
@@ -79,12 +79,18 @@ class AdmissionGate:
         return False
 
     def _hold(self) -> HoldDecision:
-        self.holds += 1
-        self._holding = True
         return HoldDecision(True, "hold")
 
     def _release(self, reason: str) -> HoldDecision:
-        if self._holding:
-            self.releases[reason] = self.releases.get(reason, 0) + 1
-        self._holding = False
         return HoldDecision(False, reason)
+
+    def settle(self, decision: HoldDecision, hold: bool) -> bool:
+        """Count what the scheduler does: `hold` is the decision all TP ranks share (rank 0's), `decision` this
+        rank's own. Returns `hold`."""
+        if hold:
+            self.holds += 1
+        elif self._holding:
+            reason = "rank 0" if decision.hold else decision.reason  # this rank would have held on
+            self.releases[reason] = self.releases.get(reason, 0) + 1
+        self._holding = hold
+        return hold

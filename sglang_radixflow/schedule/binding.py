@@ -81,7 +81,7 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
     if sched.gate.mode != "native" and waiting and scheduler.chunked_req is None:
         busy = not running_batch.is_empty() or len(getattr(scheduler, "result_queue", ()) or ()) > 0
         decision = sched.gate.decide(waiting=waiting, worker_busy=busy, row_budget=rows, token_budget=tokens)
-        if _decide_once(scheduler, decision.hold):
+        if sched.gate.settle(decision, _decide_once(scheduler, decision.hold)):
             return None, running_batch
     sched.begin_pass(scheduler.forward_ct + 1, waiting, rows)
     # (With LoRA on, SGLang's scan skips requests whose adapter cannot load before it examines them.)

@@ -75,6 +75,7 @@ class SchedulingState:
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
         self._promises_reported = (0, 0, 0)  # promise counters at the last round record (promise_record)
+        self._holds_reported = 0  # the gate's hold count at the last prefill-pass record
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
@@ -391,8 +392,10 @@ class SchedulingState:
             and len(stats.admitted_reqs) < row_budget
             and any(self.blocking_promise_unbounded(r) is None for r in waiting_after)
         )
+        holds, self._holds_reported = self.gate.holds - self._holds_reported, self.gate.holds
         return {
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
+            "admission_holds": holds,  # scheduler steps that held arrivals since the previous pass record
             "blocked_skips": stats.blocked_skips, "blocked_screened": stats.screened,
             "fragment_skips": stats.fragment_skips, "producer_holds": stats.held, "deferred": len(waiting_after), "producers": stats.producers,
             "prefix_requests": stats.prefix_requests,

@@ -59,9 +59,24 @@ def test_native_never_holds_and_release_reasons_are_counted() -> None:
                                      token_budget=1, now=10.0).hold
     g = gate("flex")
     w = [_req("a", 10, 10.0)]
-    assert g.decide(waiting=w, worker_busy=False, row_budget=8, token_budget=4096, now=10.001).hold
-    assert not g.decide(waiting=w, worker_busy=True, row_budget=8, token_budget=4096, now=10.002).hold
+    held = g.decide(waiting=w, worker_busy=False, row_budget=8, token_budget=4096, now=10.001)
+    assert g.settle(held, held.hold)
+    released = g.decide(waiting=w, worker_busy=True, row_budget=8, token_budget=4096, now=10.002)
+    assert not g.settle(released, released.hold)
     assert (g.holds, g.releases) == (1, {"worker busy": 1})
+
+
+def test_counts_follow_the_shared_decision_not_this_ranks_own() -> None:
+    """With TP, rank 0's decision is broadcast: another rank counts what the scheduler did, so every rank's round
+    records agree (tests/integration/test_tensor_parallel.py)."""
+    g = gate("flex")
+    w = [_req("a", 10, 10.0)]
+    own = g.decide(waiting=w, worker_busy=False, row_budget=8, token_budget=4096, now=10.006)
+    assert not own.hold and own.reason == "deadline"
+    assert g.settle(own, True)  # rank 0 still held
+    own = g.decide(waiting=w, worker_busy=False, row_budget=8, token_budget=4096, now=10.001)
+    assert not g.settle(own, False)  # rank 0 released while this rank would have held on
+    assert (g.holds, g.releases) == (1, {"rank 0": 1})
 
 
 def _fragment_queue():  # noqa: ANN202
