@@ -7,6 +7,7 @@ that the hold path runs many times while siblings trickle in.
 """
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -19,7 +20,9 @@ from sglang_radixflow.bench.server import SGLangServer
 from sglang_radixflow.observe.trace import read_trace
 
 TP = ("--tp-size", "2")
-ONE_CORE_PER_RANK = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}  # SGLang refuses more ranks than NUMA nodes otherwise
+_CORES = sorted(os.sched_getaffinity(0))
+# SGLang refuses more ranks than NUMA nodes unless each rank is given its cores.
+ONE_CORE_PER_RANK = {"SGLANG_CPU_OMP_THREADS_BIND": f"{_CORES[0]}|{_CORES[1 % len(_CORES)]}"}
 DOC_LEN = 400
 # What a round record says the scheduler decided (host times and waits are each rank's own clock).
 DECISION_KEYS = (
@@ -40,7 +43,8 @@ def _workload(seed: int = 3) -> list[tuple[float, str, list[int], int]]:
         for c in range(4):
             out.append((t, f"tp-d{d}-c{c}", doc + [rng.randrange(3, 2000) for _ in range(12)], 1 + 3 * (c == 0)))
             t += rng.uniform(0.0, 0.004)
-        out.append((t, f"tp-u{d}", [rng.randrange(3, 2000) for _ in range(150)], 2)) if d < 3 else None
+        if d < 3:
+            out.append((t, f"tp-u{d}", [rng.randrange(3, 2000) for _ in range(150)], 2))
         t += rng.uniform(0.04, 0.12)
     return out
 
