@@ -34,7 +34,9 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=8)
     ap.add_argument("--active", type=int, default=2, help="agents taking a turn at the same time")
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--kv-tokens", type=int, default=3000, help="KV pool of the started server")
+    # 8 histories grow to ~360 private tokens each after the 128-token system prompt (~3000 in all): a 2400-token
+    # pool holds about 6 of them at the end, so 2 active < 6 kept < 8 agents, RR-Evict's regime.
+    ap.add_argument("--kv-tokens", type=int, default=2400, help="KV pool of the started server")
     args = ap.parse_args()
 
     rng = random.Random(0)
