@@ -53,17 +53,17 @@ class AdmissionGate:
         # cost O(queue). In flex mode the O(n) tests below only run while n < row_budget.
         if self.mode == "flex":
             if worker_busy:
-                return self._release("worker busy")
+                return HoldDecision(False, "worker busy")
             if len(waiting) >= row_budget:
-                return self._release("rows full")
+                return HoldDecision(False, "rows full")
         now = time.perf_counter() if now is None else now
         if now - min(map(_arrival, waiting)) >= self.hold_s:
-            return self._release("deadline")
+            return HoldDecision(False, "deadline")
         if self.mode == "timer":
-            return self._hold()
+            return HoldDecision(True, "hold")
         if token_budget is not None and self._demand_fills(waiting, token_budget):
-            return self._release("tokens full")
-        return self._hold()
+            return HoldDecision(False, "tokens full")
+        return HoldDecision(True, "hold")
 
     def _demand_fills(self, waiting: list[Any], token_budget: int) -> bool:
         """Whether the held requests' remaining demand (prompt minus state-ready hit) reaches the token budget."""
@@ -77,12 +77,6 @@ class AdmissionGate:
             if total >= token_budget:
                 return True
         return False
-
-    def _hold(self) -> HoldDecision:
-        return HoldDecision(True, "hold")
-
-    def _release(self, reason: str) -> HoldDecision:
-        return HoldDecision(False, reason)
 
     def settle(self, decision: HoldDecision, hold: bool) -> bool:
         """Count what the scheduler does: `hold` is the decision all TP ranks share (rank 0's), `decision` this
