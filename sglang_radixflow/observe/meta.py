@@ -12,7 +12,9 @@ META_KEYS = frozenset({META_TOKEN_HIT, META_STATE_HIT})
 
 
 def note_admitted_meta(req: Any, token_hit: int, state_hit: int) -> None:
-    info = req.customized_info if req.customized_info is not None else {}
+    info = req.customized_info
+    if info is None:  # the common case: nothing else uses the channel
+        req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
+        return
     info.setdefault(META_TOKEN_HIT, [token_hit])
     info.setdefault(META_STATE_HIT, [state_hit])
-    req.customized_info = info

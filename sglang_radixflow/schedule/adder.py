@@ -39,9 +39,11 @@ class RadixFlowPrefillAdder(PrefillAdder):
     _rf_may_chunk: bool = False
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
+        # Runs for every request the scan examines: the common case (no promise open, no sibling waiting) is kept to
+        # a few attribute reads on top of SGLang's own add_one_req.
         sched = self.tree_cache.rf_sched
         sched.note_examined()
-        if sched.blocking_promise(req) is not None:
+        if sched.promises and sched.blocking_promise(req) is not None:
             sched.note_blocked(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
@@ -51,21 +53,23 @@ class RadixFlowPrefillAdder(PrefillAdder):
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
 
+        hit = token_hit(req)  # set by this pass's match (init_next_round_input); add_one_req does not match again
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
-        plan = self._plan(req, sched)
-        if self._producer_slot_busy(req, plan, sched):
-            # RADIXFLOW_PRODUCER_SLOT_WAIT: its state at b can only be published by cutting its chunk there, and
-            # SGLang tracks one chunked request at a time: wait for the slot instead of letting every sibling
-            # recompute the prefix. More reuse, but at most one new hybrid producer per round (off by default:
-            # by the paper's definitions its siblings are Ready, nothing is being produced for them).
-            sched.note_slot_wait(req)
-            release_staged(req, self.tree_cache)
-            return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
-        if self._needs_prefix_request(req, plan, sched):
-            return self._admit_prefix_request(req, plan, sched, has_chunked_req, truncation_align_size)
+        plan = self._plan(req, sched, hit)
+        if plan is not None:
+            if self._producer_slot_busy(req, plan, sched):
+                # RADIXFLOW_PRODUCER_SLOT_WAIT: its state at b can only be published by cutting its chunk there, and
+                # SGLang tracks one chunked request at a time: wait for the slot instead of letting every sibling
+                # recompute the prefix. More reuse, but at most one new hybrid producer per round (off by default:
+                # by the paper's definitions its siblings are Ready, nothing is being produced for them).
+                sched.note_slot_wait(req)
+                release_staged(req, self.tree_cache)
+                return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
+            if self._needs_prefix_request(req, plan, sched):
+                return self._admit_prefix_request(req, plan, sched, has_chunked_req, truncation_align_size)
         # RADIXFLOW_PRODUCER_ROWS: a Ready non-producer past S - R rows lets the scan look ahead for producers first
         # (the scan's iterator offers it again in this pass).
-        if plan is None and sched.holds_for_producers(req):
+        elif sched.config.producer_rows and sched.holds_for_producers(req):
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
         self._rf_plan = plan
@@ -74,7 +78,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         finally:
             self._rf_plan = None
         if self.can_run_list and self.can_run_list[-1] is req:
-            sched.note_admitted(req, plan, token_hit(req))
+            sched.note_admitted(req, plan, hit)
         return result
 
     def _needs_prefix_request(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
@@ -107,9 +111,9 @@ class RadixFlowPrefillAdder(PrefillAdder):
         release_staged(prefix, self.tree_cache)  # not admitted (budget): it never existed
         return result
 
-    def _plan(self, req: Any, sched: Any) -> Optional[ProducerPlan]:
+    def _plan(self, req: Any, sched: Any, hit: int) -> Optional[ProducerPlan]:
         if is_cache_only(req):
-            plan = sched.plan_cache_only(req, token_hit(req))
+            plan = sched.plan_cache_only(req, hit)
             if plan is not None:
                 return plan
         # no_buffer hybrids publish a state at b by cutting the producer's chunk there (SGLang's single chunk slot)
@@ -121,7 +125,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
             and not sched.prefix_requests
         ):
             return None
-        return sched.plan(req, token_hit(req))
+        return sched.plan(req, hit)
 
     def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
         # A cache-only request exists to leave its states: it always waits for the chunk slot (bounded).

@@ -150,11 +150,12 @@ class SiblingIndex:
             if not group:
                 del self._groups[key]
 
-    def siblings(self, req: Any, tokens: Sequence[int]) -> list[Any]:
+    def siblings(self, req: Any) -> list[Any]:
         key = sibling_key(req)
-        if key is None:
+        group = self._groups.get(key) if key is not None else None
+        if not group or (len(group) == 1 and id(req) in group):  # alone in its group: the common case
             return []
-        return [s for s in self._groups.get(key, {}).values() if s is not req]
+        return [s for s in group.values() if s is not req]
 
 
 def plan_producer(

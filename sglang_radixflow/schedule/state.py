@@ -292,10 +292,10 @@ class SchedulingState:
             return None
         if not self._index_fresh:  # lazily: passes that plan nothing never touch the index
             self.index_waiting(self._waiting)
-        tokens = request_tokens(req)
-        siblings = self._index.siblings(req, tokens)
+        siblings = self._index.siblings(req)
         if not siblings:  # the common case on a queue without sharing: nothing to plan
             return None
+        tokens = request_tokens(req)
         assert self.current is not None
         return plan_producer(
             req, tokens, siblings, min_gain=self.config.min_gain_tokens, mode=self.mode,
@@ -312,15 +312,17 @@ class SchedulingState:
         )
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
-        assert self.current is not None
-        self.current.admitted_reqs.append(req)
-        self.current.admitted_ids.add(id(req))
-        self.current.token_hit_sum += token_hit
-        self.current.state_hit_sum += int(req.prefix_len)
-        entered = float(req.time_stats.wait_queue_entry_time or 0.0)
+        current = self.current
+        assert current is not None
+        current.admitted_reqs.append(req)
+        current.admitted_ids.add(id(req))
+        state_hit = int(req.prefix_len)
+        current.token_hit_sum += token_hit
+        current.state_hit_sum += state_hit
+        entered = req.time_stats.wait_queue_entry_time or 0.0
         if entered > 0.0:
-            self.current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
-        note_admitted_meta(req, token_hit, int(req.prefix_len))
+            current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
+        note_admitted_meta(req, token_hit, state_hit)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return

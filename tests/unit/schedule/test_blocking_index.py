@@ -52,7 +52,7 @@ def test_request_tokens_and_sibling_keys() -> None:
     assert sibling_key(a1) != sibling_key(make_request("a-salted", DOC_A + [1], cache_salt="t"))
     assert sibling_key(make_request("short", DOC_A[:INDEX_PREFIX])) is None
     index = SiblingIndex([a1, a2, make_request("b", DOC_B)])
-    assert index.siblings(a1, request_tokens(a1)) == [a2]
+    assert index.siblings(a1) == [a2]
 
 
 def test_index_gives_the_same_verdicts_as_the_full_table() -> None:
@@ -133,8 +133,8 @@ def test_persistent_index_follows_the_queue_across_passes() -> None:
         index.refresh(waiting)
         fresh = SiblingIndex(waiting)
         for req in pool:
-            got = index.siblings(req, request_tokens(req))
-            assert sorted(r.rid for r in got) == sorted(r.rid for r in fresh.siblings(req, request_tokens(req)))
+            got = index.siblings(req)
+            assert sorted(r.rid for r in got) == sorted(r.rid for r in fresh.siblings(req))
             assert all(r in waiting for r in got)  # nobody who left the queue is still offered as a sibling
 
 
@@ -169,8 +169,8 @@ def test_index_follows_sglangs_queue_pattern_on_its_fast_path() -> None:
             index.refresh(queue)  # the pass's first plan
             fresh = SiblingIndex(queue)
             for req in queue:
-                assert sorted(r.rid for r in index.siblings(req, request_tokens(req))) == sorted(
-                    r.rid for r in fresh.siblings(req, request_tokens(req))
+                assert sorted(r.rid for r in index.siblings(req)) == sorted(
+                    r.rid for r in fresh.siblings(req)
                 )
             admitted = rng.sample(queue, min(len(queue), rng.randint(0, 4)))
             queue = [r for r in queue if r not in admitted]  # SGLang's rebuild after the pass
