@@ -26,7 +26,8 @@ def bind_scheduler(scheduler: Any) -> None:
         ("enable_lmcache", "LMCache prefetch spans are consumed before admission"),
         ("enable_priority_preemption", "priority preemption may already have evicted running requests"),
     ):
-        if getattr(scheduler, flag, False):
+        assert isinstance(getattr(scheduler, flag, None), bool), f"Scheduler.{flag} is the flag radixflow reads"
+        if getattr(scheduler, flag):
             sched.disable_traversal(f"--{flag.replace('_', '-')} is on: {why}")
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
@@ -36,7 +37,8 @@ def bind_scheduler(scheduler: Any) -> None:
         # A prefix request would be sent to a decode instance like any finished prefill.
         logger.warning("sglang-radixflow: prefix requests disabled: PD disaggregation is on")
         sched.prefix_requests = False
-    if getattr(scheduler, "prefill_delayer", None) is not None:
+    assert hasattr(scheduler, "prefill_delayer"), "Scheduler.prefill_delayer (None unless --enable-prefill-delayer)"
+    if scheduler.prefill_delayer is not None:
         sched.disable_hold("SGLang's prefill delayer is on")
     from sglang.srt.runtime_context import get_observability
 

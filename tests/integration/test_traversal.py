@@ -260,6 +260,33 @@ def test_paged_tree_consumers_wait_once_for_the_last_whole_page(paged_servers: d
     assert LEAK not in servers["radixflow"].log_text()
 
 
+def test_priority_preemption_keeps_sglangs_scheduling(
+    hybrid_servers: dict[str, SGLangServer], tmp_path: Path,
+) -> None:
+    """--enable-priority-scheduling turns on SGLang's priority preemption, which may evict running requests for a
+    waiting one before the adder sees it: skipping that request would waste the preemption. radixflow steps aside
+    (logged, at bind time) and the hybrid's siblings run as SGLang runs them, with SGLang's outputs. Fails if the
+    Scheduler attribute radixflow reads (enable_priority_preemption) is renamed: the traversal would stay on."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    trace = tmp_path / "priority.jsonl"
+    server = SGLangServer(str(hybrid_servers["radixflow"].model_path), extra_args=(*FLOAT32, "--enable-priority-scheduling"),
+                          env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)})
+    cands, other = _workload(29)
+    with server:
+        out = _batch(server, cands + [other])
+        time.sleep(0.5)
+        log = server.log_text()
+    native = _batch(hybrid_servers["sglang"], cands + [other])
+    assert "state-ready traversal disabled: --enable-priority-preemption is on" in log
+    assert "traversal=native" in log
+    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
+    assert [(r["rows"], r["blocked_skips"], r["producers"], r["prefix_requests"]) for r in prefill] == [(5, 0, 0, 0)]
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [0] * 5  # SGLang's own: every sibling recomputes
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in native]
+    assert LEAK not in log
+
+
 def test_disabled_radix_cache_keeps_sglangs_scheduling(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """--disable-radix-cache with the radixflow backend: SGLang still builds the tree, but it stores nothing, so a
     promise could never be kept. The siblings used to be let through one per round, each recomputing the document
