@@ -27,7 +27,7 @@ from sglang_radixflow.bench.agent_workload import (
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import SGLangServer, live_servers
-from sglang_radixflow.models import MAX_POSITIONS, ensure_model
+from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model
 
 POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
@@ -65,6 +65,12 @@ class AgentBenchOptions:
             raise ValueError("need at least one policy and one model")
         if self.seeds < 1:
             raise ValueError(f"seeds={self.seeds} must be >= 1")
+        unknown = [m for m in self.models if m not in ARCHS]
+        if unknown:
+            raise ValueError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(ARCHS)}")
+        for name in ("rr_block", "hybrid_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
 
     def workloads(self) -> list[AgentWorkload]:
         return [make_agent_workload(replace(self.params, seed=self.params.seed + i)) for i in range(self.seeds)]
@@ -541,16 +547,22 @@ def params_from_args(args: argparse.Namespace) -> AgentParams:
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.report_only:
+        if not (out / "workload.json").is_file():
+            raise SystemExit(f"radixflow bench agent: {out}: no agent bench records here (workload.json missing); "
+                             "run without --report-only first")
         summary = write_report(out)
     else:
-        params = params_from_args(args)
-        too_long = prompt_too_long(params)
-        if too_long:
-            raise SystemExit(f"radixflow bench agent: {too_long}")
-        opts = AgentBenchOptions(
-            out=out, params=params, models=tuple(m for m in args.models.split(",") if m),
-            policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
-            rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, seeds=args.seeds)
+        try:  # bad options end here, before any directory is written or server started
+            params = params_from_args(args)
+            too_long = prompt_too_long(params)
+            if too_long:
+                raise ValueError(too_long)
+            opts = AgentBenchOptions(
+                out=out, params=params, models=tuple(m for m in args.models.split(",") if m),
+                policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
+                rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, seeds=args.seeds)
+        except ValueError as err:
+            raise SystemExit(f"radixflow bench agent: {err}") from None
         summary = run(opts)
     print((out / "report.md").read_text())
     return 1 if any(a["errors"] for a in summary["arms"].values()) else 0

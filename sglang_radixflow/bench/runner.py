@@ -26,7 +26,7 @@ from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import SGLangServer, live_servers
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
-from sglang_radixflow.models import ensure_model
+from sglang_radixflow.models import ARCHS, ensure_model
 
 DEFAULT_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
@@ -62,6 +62,16 @@ class BenchOptions:
             raise ValueError(f"unknown arm(s) {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
         if not self.arms or not self.models:
             raise ValueError("need at least one arm and one model")
+        unknown = [m for m in self.models if m not in ARCHS]
+        if unknown:
+            raise ValueError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(ARCHS)}")
+        if self.budgets is not None and min(self.budgets) < 1:
+            raise ValueError(f"budgets S,T = {self.budgets}: both must be positive integers")
+        for name in ("kv_tokens", "calibration_questions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+        if self.server_threads < 0:
+            raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
 
 
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
@@ -299,8 +309,7 @@ def options_from_args(args: Any) -> BenchOptions:
     )
     budgets: Optional[tuple[int, int]] = None
     if args.budgets:
-        s, t = (int(x) for x in args.budgets.split(","))
-        budgets = (s, t)
+        budgets = parse_budgets(args.budgets)
     elif quick:
         budgets = QUICK_BUDGETS
     split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip())  # noqa: E731
@@ -312,6 +321,15 @@ def options_from_args(args: Any) -> BenchOptions:
     )
 
 
+def parse_budgets(text: str) -> tuple[int, int]:
+    """"8,2048" -> (8, 2048)."""
+    try:
+        s, t = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--budgets {text!r}: expected S,T (rows, tokens per prefill round), e.g. 8,2048") from None
+    return s, t
+
+
 def parse_grid(text: str) -> tuple[tuple[int, int], ...]:
     """"8x2048,16x4096" -> ((8, 2048), (16, 4096))."""
     grid = []
@@ -319,7 +337,10 @@ def parse_grid(text: str) -> tuple[tuple[int, int], ...]:
         s, _, t = item.strip().partition("x")
         if not s or not t:
             raise ValueError(f"calibration grid item {item!r}: expected SxT, e.g. 16x2048")
-        grid.append((int(s), int(t)))
+        try:
+            grid.append((int(s), int(t)))
+        except ValueError:
+            raise ValueError(f"calibration grid item {item!r}: expected SxT, e.g. 16x2048") from None
     return tuple(grid)
 
 
@@ -351,7 +372,10 @@ def add_arguments(parser: Any) -> None:
 
 
 def main(args: Any) -> int:
-    opts = options_from_args(args)
+    try:  # bad options end here, before any directory is written or server started
+        opts = options_from_args(args)
+    except ValueError as err:
+        raise SystemExit(f"radixflow bench multi-candidate: {err}") from None
     try:
         summary = run_bench(opts)
     finally:

@@ -40,3 +40,30 @@ def test_budget_flags() -> None:
     # S caps every prefill round; the running set also holds the round still in flight under the overlap scheduler.
     assert pairs == {"--prefill-max-requests": "16", "--max-running-requests": "32", "--chunked-prefill-size": "2048",
                      "--max-prefill-tokens": "2048", "--max-total-tokens": "32768"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    ("multi-candidate --models foo", "unknown model(s) foo; allowed: nemotron_h, qwen3, qwen3_next"),
+    ("multi-candidate --budgets 8", "--budgets '8': expected S,T"),
+    ("multi-candidate --budgets 0,2048", "budgets S,T = (0, 2048): both must be positive"),
+    ("multi-candidate --calibration-grid 8x", "calibration grid item '8x': expected SxT"),
+    ("multi-candidate --kv-tokens 0", "--kv-tokens 0: must be >= 1"),
+    ("multi-candidate --arms sglang,fastest", "unknown arm(s) fastest; allowed: sglang,"),
+    ("agent --models qwen4", "unknown model(s) qwen4; allowed:"),
+    ("agent --rr-block 0", "--rr-block 0: must be >= 1"),
+    ("agent --agents 4 --active 4", "need 0 < active (n_a=4) < capacity"),
+    ("agent --first-tokens 100000", "over the tiny models' 16384 positions"),
+    ("agent --report-only", "no agent bench records here (workload.json missing)"),
+])
+def test_bad_bench_options_stop_with_one_line_before_any_work(argv: str, message: str, tmp_path) -> None:
+    """What a user sees: `radixflow bench ...: <what was wrong and what is allowed>`, no traceback, nothing written
+    and no server started."""
+    from sglang_radixflow.cli import main
+
+    out = tmp_path / "run"
+    command, *rest = argv.split()
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", command, "--out", str(out), *rest])
+    assert str(exc.value).startswith(f"radixflow bench {command}: ")
+    assert message in str(exc.value)
+    assert not out.exists()
