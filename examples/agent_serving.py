@@ -21,7 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from sglang_radixflow.bench.agent import stream_generate
-from sglang_radixflow.bench.server import SGLangServer
+from sglang_radixflow.bench.server import SGLangServer, stop_servers_on_sigterm
 from sglang_radixflow.models import ensure_model
 
 
@@ -38,6 +38,7 @@ def main() -> None:
     # pool holds about 6 of them at the end, so 2 active < 6 kept < 8 agents, RR-Evict's regime.
     ap.add_argument("--kv-tokens", type=int, default=2400, help="KV pool of the started server")
     args = ap.parse_args()
+    stop_servers_on_sigterm()
 
     rng = random.Random(0)
     system = [rng.randrange(3, 2000) for _ in range(128)]

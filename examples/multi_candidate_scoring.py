@@ -22,7 +22,7 @@ from typing import Any
 import sglang as sgl
 
 from sglang_radixflow.bench.frontend import metered_endpoint
-from sglang_radixflow.bench.server import SGLangServer
+from sglang_radixflow.bench.server import SGLangServer, stop_servers_on_sigterm
 from sglang_radixflow.models import ensure_model
 
 DOCUMENTS = {
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--models-root", default="runs/models", help="where tiny models are made / reused")
     parser.add_argument("--arm", default="radixflow", help="RADIXFLOW_ARM of the started server")
     args = parser.parse_args()
+    stop_servers_on_sigterm()
     if args.url:
         score_all(args.url)
         return

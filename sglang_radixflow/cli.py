@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from sglang_radixflow.bench.server import stop_servers_on_sigterm
+
+    stop_servers_on_sigterm()
     return int(args.func(args) or 0)
 
 

@@ -66,6 +66,19 @@ def live_servers() -> list[int]:
     return sorted(pgid for pgid in _LIVE if _group_alive(pgid))
 
 
+def stop_servers_on_sigterm() -> None:
+    """Let SIGTERM (`timeout`, a cancelled CI job, `kill`) end this program the way Ctrl-C does: as an exception
+    through every `finally` / `with`, so the servers it started are stopped. Each server runs in its own session
+    (so that stopping one kills its whole tree), out of reach of signals sent to our process group: without this a
+    terminated bench left them running. A second SIGTERM during the cleanup is ignored. Call from the main thread."""
+
+    def _exit(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+
+
 @dataclass
 class SGLangServer:
     """One `python -m sglang.launch_server` process group. Use as a context manager or call start()/stop()."""
