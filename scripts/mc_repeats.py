@@ -26,6 +26,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Optional
 
+from sglang_radixflow.bench.server import stop_servers_on_sigterm
+
 METRICS: tuple[tuple[str, str], ...] = (
     ("latency_mean_s", "mean latency (s)"),
     ("latency_p95_s", "P95 latency (s)"),
@@ -98,6 +100,20 @@ def write(out: Path, command: list[str]) -> dict[str, Any]:
     return agg
 
 
+def run_bench(cmd: list[str]) -> None:
+    """Run one repetition; if this script is stopped (Ctrl-C, SIGTERM), stop the bench with SIGTERM so that it stops
+    its servers (subprocess.run would SIGKILL it, leaving them running)."""
+    bench = subprocess.Popen(cmd)
+    try:
+        code = bench.wait()
+    except BaseException:
+        bench.terminate()
+        bench.wait(timeout=120)
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     bench_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -119,10 +135,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error("give the bench's arguments after `--` (without --out: each repetition writes OUT/repK)")
     out.mkdir(parents=True, exist_ok=True)
     radixflow = shutil.which("radixflow") or "radixflow"
+    stop_servers_on_sigterm()  # SIGTERM here becomes an exception, passed on to the bench below
     for k in range(1, args.reps + 1):
         rep = out / f"rep{k}"
         print(f"[mc_repeats] repetition {k}/{args.reps} -> {rep}", flush=True)
-        subprocess.run([radixflow, "bench", "multi-candidate", "--out", str(rep), *bench_args], check=True)
+        run_bench([radixflow, "bench", "multi-candidate", "--out", str(rep), *bench_args])
     print(format_report(write(out, bench_args), bench_args))
     return 0
 
