@@ -27,16 +27,23 @@ CPU_FLAGS: tuple[str, ...] = (
     "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph", "--sleep-on-idle",
     "--mem-fraction-static", "0.05",
 )
-# Hybrids on CPU: only no_buffer works, and it needs overlap off; a bounded state pool (else sized from RAM).
-HYBRID_CPU_FLAGS: tuple[str, ...] = (
-    "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule", "--max-mamba-cache-size", "256",
-)
+# Hybrids on CPU: a bounded state pool (else sized from RAM), and SGLang's mamba radix-cache strategy:
+# - no_buffer: a state only where an extend ends; SGLang requires overlap scheduling off for it;
+# - extra_buffer (SGLang's GPU default): a state snapshot on the checkpoint grid inside an extend, overlap scheduling
+#   on; the CPU runtime supports it for Mamba-2 (NemotronH) only (cpu/mamba2/patches.py).
+HYBRID_STRATEGY_FLAGS: dict[str, tuple[str, ...]] = {
+    "no_buffer": ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"),
+    "extra_buffer": ("--mamba-radix-cache-strategy", "extra_buffer"),
+}
+HYBRID_CPU_FLAGS: tuple[str, ...] = ("--max-mamba-cache-size", "256")
 
 
-def cpu_server_flags(arch: str, max_total_tokens: int = 8192) -> list[str]:
+def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
     flags = [*CPU_FLAGS, "--max-total-tokens", str(max_total_tokens)]
     if arch in HYBRID_ARCHS:
-        flags += HYBRID_CPU_FLAGS
+        if mamba_strategy not in HYBRID_STRATEGY_FLAGS:
+            raise ValueError(f"mamba_strategy={mamba_strategy!r}; allowed: {', '.join(HYBRID_STRATEGY_FLAGS)}")
+        flags += [*HYBRID_STRATEGY_FLAGS[mamba_strategy], *HYBRID_CPU_FLAGS]
     return flags
 
 
@@ -91,6 +98,7 @@ class SGLangServer:
     port: int = 0
     startup_timeout_s: float = 300.0
     cpu: Optional[bool] = None  # None: CPU flags when no GPU is visible
+    mamba_strategy: str = "no_buffer"  # hybrids on CPU: no_buffer, or extra_buffer (Mamba-2 only)
     proc: Optional[subprocess.Popen] = field(default=None, init=False)
 
     @property
@@ -104,7 +112,7 @@ class SGLangServer:
                "--host", "127.0.0.1", "--port", str(self.port)]
         use_cpu = on_cpu() if self.cpu is None else self.cpu
         if use_cpu:
-            cmd += cpu_server_flags(model_arch(self.model_path))
+            cmd += cpu_server_flags(model_arch(self.model_path), mamba_strategy=self.mamba_strategy)
         if self.radix_cache:
             cmd += ["--radix-cache-backend", self.radix_cache]
         return cmd + list(self.extra_args)

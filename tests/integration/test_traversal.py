@@ -260,6 +260,50 @@ def test_paged_tree_consumers_wait_once_for_the_last_whole_page(paged_servers: d
     assert LEAK not in servers["radixflow"].log_text()
 
 
+def test_extra_buffer_producer_tracks_its_state_at_the_branch_point(model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """SGLang's GPU default for hybrids, extra_buffer with the overlap scheduler, on the CPU runtime (NemotronH).
+    There radixflow publishes by tracking (publish=track): the producer runs its whole prompt and sets
+    `mamba_branching_seqlen` = b, b on the checkpoint grid counted from its prefix (576 for a 600-token document at
+    grid 64) in place of SGLang's own snapshot position, and its siblings, Blocked for a round, start from that state. Natively all five recompute the document
+    (the snapshot each one keeps enters the tree only after their shared round)."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    model = str(model_dirs["nemotron_h"])
+    trace = tmp_path / "extra_buffer.jsonl"
+    servers = {
+        "sglang": SGLangServer(model, radix_cache=None, extra_args=FLOAT32, env=FLOAT32_ENV,
+                               mamba_strategy="extra_buffer"),
+        "radixflow": SGLangServer(model, extra_args=FLOAT32, env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)},
+                                  mamba_strategy="extra_buffer"),
+    }
+    # Answers of 80 tokens: SGLang's own snapshot of a 680-token prompt would sit at 640, inside the producer's own
+    # answer, where no sibling can use it; only the branch point radixflow asks for serves them.
+    rng = random.Random(31)
+    doc = [rng.randrange(3, 2000) for _ in range(DOC_LEN)]
+    cands = [doc + [rng.randrange(3, 2000) for _ in range(80)] for _ in range(4)]
+    other = [rng.randrange(3, 2000) for _ in range(300)]
+    results, logs = {}, {}
+    for arm, server in servers.items():
+        with server:
+            results[arm] = _batch(server, cands + [other])
+            time.sleep(1.5)  # the trace's last record, and SGLang's idle memory check
+            logs[arm] = server.log_text()
+    b = DOC_LEN // 64 * 64
+    assert [o["meta_info"]["cached_tokens"] for o in results["sglang"]] == [0] * 5
+    assert [o["meta_info"]["cached_tokens"] for o in results["radixflow"]] == [0, b, b, b, 0]
+    assert [o["output_ids"] for o in results["radixflow"]] == [o["output_ids"] for o in results["sglang"]]
+    diffs = [abs(a["meta_info"]["output_token_logprobs"][0][0] - n["meta_info"]["output_token_logprobs"][0][0])
+             for a, n in zip(results["radixflow"], results["sglang"])]
+    assert max(diffs) < LOGPROB_TOL, diffs
+    assert "publish=track" in logs["radixflow"]
+    for log in logs.values():
+        assert "'mamba_radix_cache_strategy': 'extra_buffer'" in log and "'disable_overlap_schedule': False" in log
+        assert LEAK not in log
+    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
+    assert [(r["producers"], r["blocked_skips"], r["prefix_requests"]) for r in prefill][0] == (1, 3, 0)
+    assert sum(r["producers"] for r in prefill) == 1
+
+
 def test_priority_preemption_keeps_sglangs_scheduling(
     hybrid_servers: dict[str, SGLangServer], tmp_path: Path,
 ) -> None:

@@ -15,6 +15,7 @@ MAMBA_MODULE = "sglang.srt.layers.attention.mamba.mamba"
 # Module globals that MambaMixer2.forward reads, and what we bind them to.
 _CONV_NAMES = ("causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_fn_triton", "causal_conv1d_update_triton")
 _SSD_NAMES = ("mamba_chunk_scan_combined", "selective_state_update")
+CPU_EXTRA_BUFFER_ARCHS = ("NemotronHForCausalLM",)  # Mamba-2 mixers: the CPU SSD scan returns track states
 
 
 def _params(fn: Callable) -> set[str]:
@@ -65,3 +66,68 @@ def patch_mamba_mixer2(module: types.ModuleType) -> None:
     module.causal_conv1d_update_triton = conv.causal_conv1d_update
     module.mamba_chunk_scan_combined = ssd.mamba_chunk_scan_combined
     module.selective_state_update = ssd.selective_state_update
+
+
+def allow_extra_buffer_on_cpu(module: types.ModuleType) -> None:
+    """`--mamba-radix-cache-strategy extra_buffer` on the CPU runtime, for Mamba-2 models: SGLang refuses it on any
+    platform but CUDA / ROCm / MUSA / NPU / XPU. Its snapshots inside an extend come from the SSD scan's track states,
+    which the CPU scan computes (ssd.mamba_chunk_scan_combined); decode snapshots from `patch_decode_tracking`. The
+    gated-delta-net CPU ops (qwen3_next) return no per-chunk states, so other hybrids are still refused, by name."""
+    import torch
+
+    original_platform = module._platform_supports_mamba_cache_extra_buffer
+    original_validate = module.validate_mamba_extra_buffer
+    assert "_platform_supports_mamba_cache_extra_buffer" in original_validate.__code__.co_names
+
+    def platform_supported() -> bool:
+        return original_platform() or not torch.cuda.is_available()  # an accelerator keeps SGLang's own answer
+
+    def validate_mamba_extra_buffer(view, hf_config, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        arch = hf_config.architectures[0]
+        if not torch.cuda.is_available() and arch not in CPU_EXTRA_BUFFER_ARCHS:
+            raise AssertionError(
+                f"extra_buffer on the CPU runtime supports {', '.join(CPU_EXTRA_BUFFER_ARCHS)} (Mamba-2) only, not "
+                f"{arch}; use --mamba-radix-cache-strategy no_buffer")
+        return original_validate(view, hf_config, **kwargs)
+
+    module._platform_supports_mamba_cache_extra_buffer = platform_supported
+    module.validate_mamba_extra_buffer = validate_mamba_extra_buffer
+
+
+def patch_decode_tracking(module: types.ModuleType) -> None:
+    """extra_buffer decode snapshots: the backend copies a request's state to its track slot every
+    `--mamba-track-interval` tokens with a Triton kernel; bind the torch copy (track.py) in its place."""
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton as triton_track
+
+    from sglang_radixflow.cpu.mamba2 import track
+
+    assert module.track_mamba_states_if_needed is triton_track.track_mamba_states_if_needed
+    _assert_covers(track.track_mamba_states_if_needed, triton_track.track_mamba_states_if_needed)
+    module.track_mamba_states_if_needed = track.track_mamba_states_if_needed
+
+
+def pageable_decode_track_mask(module: types.ModuleType) -> None:
+    """extra_buffer decode: `ScheduleBatch.prepare_for_decode` pins its track mask with a bare `.pin_memory()` (every
+    other copy in SGLang asks `is_pin_memory_available` first), which raises without CUDA. Pinning only speeds up a
+    host-to-device copy, and on CPU there is none: inside that method, `pin_memory()` returns the tensor itself."""
+    import functools
+
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    original = module.ScheduleBatch.prepare_for_decode
+    assert ".pin_memory()" in inspect.getsource(original), "SGLang's prepare_for_decode no longer pins: drop this patch"
+
+    def pageable(self: torch.Tensor, device: object = None) -> torch.Tensor:
+        return self
+
+    @functools.wraps(original)
+    def prepare_for_decode(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        pin, torch.Tensor.pin_memory = torch.Tensor.pin_memory, pageable
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.Tensor.pin_memory = pin
+
+    module.ScheduleBatch.prepare_for_decode = prepare_for_decode

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_radixflow.cpu.mamba2 import conv, ssd
+from sglang_radixflow.cpu.mamba2 import conv, ssd, track
 from tests.unit.cpu.fresh import failure_text, run_in_cpu_engine
 
 ATOL = 2e-5
@@ -596,3 +596,51 @@ def test_patch_binds_ops_into_sglang_mamba_module() -> None:
     )
     proc = run_in_cpu_engine(code)
     assert proc.returncode == 0 and "BOUND" in proc.stdout, failure_text(proc)
+
+
+@pytest.mark.parametrize("check_freed_slots", [False, True])
+def test_decode_tracking_copies_only_tracked_rows_to_their_track_slots(check_freed_slots: bool) -> None:
+    """extra_buffer decode snapshots (the Triton kernel's contract): row i with its mask set copies its conv and SSM
+    state from slot cache_indices[i] to slot mamba_track_indices[i]; nothing else changes; with check_freed_slots a
+    row whose slot is -1 (freed) is skipped; rows past batch_size are ignored."""
+    g = torch.Generator().manual_seed(0)
+    conv_states = torch.randn(10, 6, 3, generator=g)
+    ssm_states = torch.randn(10, 4, 8, 16, generator=g)
+    before_conv, before_ssm = conv_states.clone(), ssm_states.clone()
+    cache_indices = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    mask = torch.tensor([True, False, True, True, True])
+    track_indices = torch.tensor([5, 6, 7, -1 if check_freed_slots else 8, 9], dtype=torch.int64)
+    track.track_mamba_states_if_needed(conv_states, ssm_states, cache_indices, mask, track_indices, batch_size=4,
+                                       check_freed_slots=check_freed_slots)
+    copied = {0: 5, 2: 7} if check_freed_slots else {0: 5, 2: 7, 3: 8}
+    for slot in range(10):
+        src = next((s for s, d in copied.items() if d == slot), slot)
+        assert torch.equal(conv_states[slot], before_conv[src]), slot
+        assert torch.equal(ssm_states[slot], before_ssm[src]), slot
+
+
+def test_extra_buffer_is_allowed_on_cpu_for_mamba2_only() -> None:
+    """SGLang refuses `--mamba-radix-cache-strategy extra_buffer` off CUDA / ROCm / MUSA / NPU / XPU; the CPU runtime
+    allows it for NemotronH (its SSD scan returns track states, its decode tracking is bound), and still refuses the
+    gated-delta-net hybrids by name."""
+    code = (
+        "from types import SimpleNamespace as N\n"
+        "import sglang.srt.arg_groups.mamba_hook as h\n"
+        "import sglang.srt.layers.attention.hybrid_linear_attn_backend as b\n"
+        "from sglang_radixflow.cpu.mamba2 import track\n"
+        "assert h._platform_supports_mamba_cache_extra_buffer()\n"
+        "assert b.track_mamba_states_if_needed is track.track_mamba_states_if_needed\n"
+        "view = N(mamba_radix_cache_strategy='extra_buffer', speculative_num_draft_tokens=None, page_size=None)\n"
+        "h.supports_mamba_cache_extra_buffer = lambda view, cfg: True\n"
+        "h.validate_mamba_extra_buffer(view, N(architectures=['NemotronHForCausalLM']), "
+        "mamba_cache_chunk_size_of=lambda: 64)\n"
+        "try:\n"
+        "    h.validate_mamba_extra_buffer(view, N(architectures=['Qwen3NextForCausalLM']), "
+        "mamba_cache_chunk_size_of=lambda: 64)\n"
+        "except AssertionError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    proc = run_in_cpu_engine(code)
+    assert proc.returncode == 0, failure_text(proc)
+    assert "REFUSED extra_buffer on the CPU runtime supports NemotronHForCausalLM (Mamba-2) only, not " \
+           "Qwen3NextForCausalLM; use --mamba-radix-cache-strategy no_buffer" in proc.stdout, failure_text(proc)
