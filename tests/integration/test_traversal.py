@@ -331,6 +331,30 @@ def test_priority_preemption_keeps_sglangs_scheduling(
     assert LEAK not in log
 
 
+def test_prefill_delayer_replaces_the_admission_hold_and_traversal_stays(model_dirs: dict[str, Path],
+                                                                          tmp_path: Path) -> None:
+    """--enable-prefill-delayer (SGLang's own batching delay; it needs the overlap scheduler, on for full attention)
+    and radixflow's hold would delay the same prefills twice: the hold steps aside (logged), the state-ready traversal
+    keeps working under the delayer (one producer, three Blocked siblings that then reuse the document)."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    trace = tmp_path / "delayer.jsonl"
+    server = SGLangServer(str(model_dirs["qwen3"]), extra_args=["--enable-prefill-delayer"],
+                          env={"RADIXFLOW_TRACE": str(trace)})
+    cands, other = _workload(37)
+    with server:
+        out = _batch(server, cands + [other])
+        time.sleep(1.5)
+        log = server.log_text()
+    assert "admission hold disabled: SGLang's prefill delayer is on" in log
+    assert "traversal=skip admission=native" in log
+    assert [o["meta_info"]["cached_tokens"] for o in out] == [0, DOC_LEN, DOC_LEN, DOC_LEN, 0]
+    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
+    assert (prefill[0]["producers"], prefill[0]["blocked_skips"], prefill[0]["admission_holds"]) == (1, 3, 0)
+    assert sum(r["admission_holds"] for r in prefill) == 0
+    assert LEAK not in log
+
+
 def test_disabled_radix_cache_keeps_sglangs_scheduling(model_dirs: dict[str, Path], tmp_path: Path) -> None:
     """--disable-radix-cache with the radixflow backend: SGLang still builds the tree, but it stores nothing, so a
     promise could never be kept. The siblings used to be let through one per round, each recomputing the document
