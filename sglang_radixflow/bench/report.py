@@ -344,7 +344,8 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"{running}), T = {b['T']} tokens "
         f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
         f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
-        f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}; each question's branches are released "
+        f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
+        f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`; each question's branches are released "
         "together by the client (see the sibling send spread).",
         "",
     ]

@@ -23,7 +23,7 @@ from sglang_radixflow.bench.frontend import (
     PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
 )
 from sglang_radixflow.bench.progress import Log, print_progress
-from sglang_radixflow.bench.server import SGLangServer, live_servers
+from sglang_radixflow.bench.server import HYBRID_STRATEGY_FLAGS, SGLangServer, live_servers
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
 from sglang_radixflow.models import ARCHS, ensure_model
@@ -53,6 +53,8 @@ class BenchOptions:
     server_threads: int = 1
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
     path: str = "raw"  # raw /generate requests, or SGLang's frontend: sgl.select / fork programs (bench/frontend.py)
+    # hybrids: SGLang's mamba radix-cache strategy (bench/server.py): no_buffer, or extra_buffer (GPU default; Mamba-2)
+    mamba_strategy: str = "no_buffer"
 
     def __post_init__(self) -> None:
         if self.path not in PATHS:
@@ -72,6 +74,8 @@ class BenchOptions:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.server_threads < 0:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
+        if self.mamba_strategy not in HYBRID_STRATEGY_FLAGS:
+            raise ValueError(f"--hybrid-strategy {self.mamba_strategy}; allowed: {', '.join(HYBRID_STRATEGY_FLAGS)}")
 
 
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
@@ -96,11 +100,13 @@ def make_server(model_path: Path, arm: str, S: int, T: int, opts: BenchOptions, 
     args = budget_args(S, T, opts.kv_tokens) + list(opts.extra_server_args)
     threads = {"OMP_NUM_THREADS": str(opts.server_threads)} if opts.server_threads > 0 else {}
     if arm == "sglang":  # SGLang's default cache: no radixflow code in the scheduling path, no trace
-        return SGLangServer(str(model_path), radix_cache=None, extra_args=args, env=threads, log_path=log_path)
+        return SGLangServer(str(model_path), radix_cache=None, extra_args=args, env=threads, log_path=log_path,
+                            mamba_strategy=opts.mamba_strategy)
     env = {**threads, "RADIXFLOW_ARM": arm}
     if trace_path is not None:
         env["RADIXFLOW_TRACE"] = str(trace_path.resolve())  # the server runs in another directory
-    return SGLangServer(str(model_path), radix_cache="radixflow", extra_args=args, env=env, log_path=log_path)
+    return SGLangServer(str(model_path), radix_cache="radixflow", extra_args=args, env=env, log_path=log_path,
+                        mamba_strategy=opts.mamba_strategy)
 
 
 def warm_up(server: SGLangServer, timeout_s: float) -> None:
@@ -257,7 +263,7 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
             f"{frontend['ideal_reuse_ratio']:.4f}")
     (out / "workload.json").write_text(json.dumps({
         **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
-        "quick": opts.quick, "server_threads": opts.server_threads,
+        "quick": opts.quick, "server_threads": opts.server_threads, "hybrid_strategy": opts.mamba_strategy,
         "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
@@ -318,6 +324,7 @@ def options_from_args(args: Any) -> BenchOptions:
         calibration_questions=args.calibration_questions, calibration_grid=parse_grid(args.calibration_grid),
         kv_tokens=args.kv_tokens,
         models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
+        mamba_strategy=args.hybrid_strategy,
     )
 
 
@@ -367,6 +374,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--path", choices=PATHS, default="raw",
                         help="raw: /generate per branch; select / fork: one sgl.function program per question "
                              "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint")
+    parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
+                        help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
+                             "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
     parser.add_argument("--server-threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")
 
