@@ -158,9 +158,17 @@ class SiblingIndex:
         return [s for s in group.values() if s is not req]
 
 
+def native_branch(req: Any) -> Optional[int]:
+    """extra_buffer: where SGLang itself will snapshot this request's state in its extend. Its match sets
+    `req.mamba_branching_seqlen` to the grid-aligned token hit when the tree's KV runs past the last state (the point
+    where this request leaves a path the tree knows); None otherwise."""
+    assert hasattr(req, "mamba_branching_seqlen"), "Req.mamba_branching_seqlen (set by SGLang's match)"
+    return req.mamba_branching_seqlen
+
+
 def plan_producer(
     req: Any, tokens: Sequence[int], siblings: Iterable[Any], *, min_gain: int, mode: PublishMode,
-    cache_chunk: int, excluded: set[int], token_hit: int = 0, page_size: int = 1,
+    cache_chunk: int, excluded: set[int], token_hit: int = 0, page_size: int = 1, branch: Optional[int] = None,
 ) -> Optional[ProducerPlan]:
     """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise.
 
@@ -172,7 +180,11 @@ def plan_producer(
     where this request leaves a path the tree knows, i.e. a branch point (a document seen before under another
     question). A state exists there for no one, so every later request on that prefix would recompute it: the
     boundary is capped at ĥ. The siblings then compute their part past ĥ themselves (a question's few tokens, or a
-    promise of their own next round), and later requests on the prefix find a state at ĥ."""
+    promise of their own next round), and later requests on the prefix find a state at ĥ.
+
+    extra_buffer hybrids keep one snapshot per extend, and SGLang already points it at that branch (`branch`, its
+    grid-aligned ĥ: `native_branch`): the boundary is capped there too, so that radixflow never moves SGLang's own
+    snapshot off the branch point."""
     state_hit = int(req.prefix_len)
     head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
     shared = []
@@ -189,6 +201,8 @@ def plan_producer(
     if mode is PublishMode.CHUNK_END and state_hit + min_gain <= token_hit < boundary:
         boundary = token_hit
     if mode is PublishMode.TRACK and boundary:
+        if branch is not None and state_hit + min_gain <= branch < boundary:
+            boundary = branch
         boundary = state_hit + (boundary - state_hit) // cache_chunk * cache_chunk
         if boundary < state_hit + min_gain:
             boundary = 0
@@ -199,13 +213,20 @@ def plan_producer(
 
 def plan_cache_only(
     req: Any, tokens: Sequence[int], *, token_hit: int, min_gain: int, mode: PublishMode, cache_chunk: int,
+    branch: Optional[int] = None,
 ) -> Optional[ProducerPlan]:
     """Boundaries where a cache-only request should leave states (hybrids): the branch point the tree already knows is
     shared (its token hit, when beyond its state hit: the state there is missing) and the last position its followers
-    can match (prompt length - CACHE_ONLY_BACKOFF)."""
+    can match (prompt length - CACHE_ONLY_BACKOFF).
+
+    extra_buffer keeps one snapshot per extend: when SGLang points it at the branch point (`branch`), that one stays
+    (it serves every later request on the prefix; this request's followers start there); otherwise it goes to the last
+    usable grid position."""
     state_hit = int(req.prefix_len)
     last = len(tokens) - CACHE_ONLY_BACKOFF
     if mode is PublishMode.TRACK:  # one tracked state per extend, on the cache-chunk grid counted from the prefix
+        if branch is not None and branch > state_hit:
+            return None
         last = state_hit + (last - state_hit) // cache_chunk * cache_chunk
         return ProducerPlan(last, mode, 0) if last >= state_hit + min_gain else None
     cuts = sorted({b for b in (token_hit, last) if state_hit + min_gain <= b <= last})

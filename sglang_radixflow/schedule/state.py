@@ -24,6 +24,7 @@ from sglang_radixflow.schedule.producers import (
     is_cache_only,
     key_limit,
     namespace_of,
+    native_branch,
     plan_cache_only,
     plan_producer,
     request_tokens,
@@ -300,7 +301,7 @@ class SchedulingState:
         return plan_producer(
             req, tokens, siblings, min_gain=self.config.min_gain_tokens, mode=self.mode,
             cache_chunk=self.cache_chunk, excluded=self.current.admitted_ids, token_hit=token_hit,
-            page_size=self.page_size,
+            page_size=self.page_size, branch=native_branch(req) if self.mode is PublishMode.TRACK else None,
         )
 
     def plan_cache_only(self, req: Any, token_hit: int) -> Optional[ProducerPlan]:
@@ -308,7 +309,7 @@ class SchedulingState:
             return None
         return plan_cache_only(
             req, request_tokens(req), token_hit=token_hit, min_gain=self.config.min_gain_tokens, mode=self.mode,
-            cache_chunk=self.cache_chunk,
+            cache_chunk=self.cache_chunk, branch=native_branch(req) if self.mode is PublishMode.TRACK else None,
         )
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:

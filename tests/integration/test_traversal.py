@@ -282,13 +282,21 @@ def test_extra_buffer_producer_tracks_its_state_at_the_branch_point(model_dirs: 
     doc = [rng.randrange(3, 2000) for _ in range(DOC_LEN)]
     cands = [doc + [rng.randrange(3, 2000) for _ in range(80)] for _ in range(4)]
     other = [rng.randrange(3, 2000) for _ in range(300)]
-    results, logs = {}, {}
+    # A document seen before: SGLang's match points the snapshot of the next request on it at the document's last
+    # grid position (its branch point); a select warm-up (max_new_tokens 0) must leave it there.
+    seen = [rng.randrange(3, 2000) for _ in range(DOC_LEN)]
+    first, warm_up, later = ([*seen, *(rng.randrange(3, 2000) for _ in range(80))] for _ in range(3))
+    results, logs, later_cached = {}, {}, {}
     for arm, server in servers.items():
         with server:
             results[arm] = _batch(server, cands + [other])
+            server.generate(first, 1)
+            server.post("/generate", {"input_ids": warm_up, "sampling_params": {"max_new_tokens": 0}})
+            later_cached[arm] = server.generate(later, 1)["meta_info"]["cached_tokens"]
             time.sleep(1.5)  # the trace's last record, and SGLang's idle memory check
             logs[arm] = server.log_text()
     b = DOC_LEN // 64 * 64
+    assert later_cached == {"sglang": b, "radixflow": b}
     assert [o["meta_info"]["cached_tokens"] for o in results["sglang"]] == [0] * 5
     assert [o["meta_info"]["cached_tokens"] for o in results["radixflow"]] == [0, b, b, b, 0]
     assert [o["output_ids"] for o in results["radixflow"]] == [o["output_ids"] for o in results["sglang"]]
@@ -301,7 +309,7 @@ def test_extra_buffer_producer_tracks_its_state_at_the_branch_point(model_dirs: 
         assert LEAK not in log
     prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
     assert [(r["producers"], r["blocked_skips"], r["prefix_requests"]) for r in prefill][0] == (1, 3, 0)
-    assert sum(r["producers"] for r in prefill) == 1
+    assert sum(r["producers"] for r in prefill) == 1  # the warm-up planned nothing: SGLang's branch snapshot stays
 
 
 def test_priority_preemption_keeps_sglangs_scheduling(
