@@ -58,12 +58,18 @@ def test_budget_flags() -> None:
 def test_bad_bench_options_stop_with_one_line_before_any_work(argv: str, message: str, tmp_path) -> None:
     """What a user sees: `radixflow bench ...: <what was wrong and what is allowed>`, no traceback, nothing written
     and no server started."""
+    import signal
+
     from sglang_radixflow.cli import main
 
     out = tmp_path / "run"
     command, *rest = argv.split()
-    with pytest.raises(SystemExit) as exc:
-        main(["bench", command, "--out", str(out), *rest])
+    handler = signal.getsignal(signal.SIGTERM)  # main() installs its own (stop_servers_on_sigterm): put pytest's back
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", command, "--out", str(out), *rest])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
     assert str(exc.value).startswith(f"radixflow bench {command}: ")
     assert message in str(exc.value)
     assert not out.exists()
