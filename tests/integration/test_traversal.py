@@ -312,6 +312,20 @@ def test_extra_buffer_producer_tracks_its_state_at_the_branch_point(model_dirs: 
     assert sum(r["producers"] for r in prefill) == 1  # the warm-up planned nothing: SGLang's branch snapshot stays
 
 
+def _one_batch_on_a_fresh_server(server: SGLangServer, trace: Path, seed: int) -> tuple[list[dict], str, list[dict]]:
+    """Start `server` (its RADIXFLOW_TRACE is `trace`), send one document's 4 siblings and an unrelated request in
+    one batch, stop it: (outputs, server log, the trace's prefill rounds of more than 100 tokens)."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    cands, other = _workload(seed)
+    with server:
+        out = _batch(server, cands + [other])
+        time.sleep(1.5)  # the trace's last record, and SGLang's idle memory check
+        log = server.log_text()
+    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
+    return out, log, prefill
+
+
 def test_priority_preemption_keeps_sglangs_scheduling(
     hybrid_servers: dict[str, SGLangServer], tmp_path: Path,
 ) -> None:
@@ -319,20 +333,15 @@ def test_priority_preemption_keeps_sglangs_scheduling(
     waiting one before the adder sees it: skipping that request would waste the preemption. radixflow steps aside
     (logged, at bind time) and the hybrid's siblings run as SGLang runs them, with SGLang's outputs. Fails if the
     Scheduler attribute radixflow reads (enable_priority_preemption) is renamed: the traversal would stay on."""
-    from sglang_radixflow.observe.trace import read_trace
-
     trace = tmp_path / "priority.jsonl"
-    server = SGLangServer(str(hybrid_servers["radixflow"].model_path), extra_args=(*FLOAT32, "--enable-priority-scheduling"),
+    server = SGLangServer(str(hybrid_servers["radixflow"].model_path),
+                          extra_args=(*FLOAT32, "--enable-priority-scheduling"),
                           env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)})
+    out, log, prefill = _one_batch_on_a_fresh_server(server, trace, seed=29)
     cands, other = _workload(29)
-    with server:
-        out = _batch(server, cands + [other])
-        time.sleep(0.5)
-        log = server.log_text()
     native = _batch(hybrid_servers["sglang"], cands + [other])
     assert "state-ready traversal disabled: --enable-priority-preemption is on" in log
     assert "traversal=native" in log
-    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
     assert [(r["rows"], r["blocked_skips"], r["producers"], r["prefix_requests"]) for r in prefill] == [(5, 0, 0, 0)]
     assert [o["meta_info"]["cached_tokens"] for o in out] == [0] * 5  # SGLang's own: every sibling recomputes
     assert [o["output_ids"] for o in out] == [o["output_ids"] for o in native]
@@ -344,20 +353,13 @@ def test_prefill_delayer_replaces_the_admission_hold_and_traversal_stays(model_d
     """--enable-prefill-delayer (SGLang's own batching delay; it needs the overlap scheduler, on for full attention)
     and radixflow's hold would delay the same prefills twice: the hold steps aside (logged), the state-ready traversal
     keeps working under the delayer (one producer, three Blocked siblings that then reuse the document)."""
-    from sglang_radixflow.observe.trace import read_trace
-
     trace = tmp_path / "delayer.jsonl"
     server = SGLangServer(str(model_dirs["qwen3"]), extra_args=["--enable-prefill-delayer"],
                           env={"RADIXFLOW_TRACE": str(trace)})
-    cands, other = _workload(37)
-    with server:
-        out = _batch(server, cands + [other])
-        time.sleep(1.5)
-        log = server.log_text()
+    out, log, prefill = _one_batch_on_a_fresh_server(server, trace, seed=37)
     assert "admission hold disabled: SGLang's prefill delayer is on" in log
     assert "traversal=skip admission=native" in log
     assert [o["meta_info"]["cached_tokens"] for o in out] == [0, DOC_LEN, DOC_LEN, DOC_LEN, 0]
-    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
     assert (prefill[0]["producers"], prefill[0]["blocked_skips"], prefill[0]["admission_holds"]) == (1, 3, 0)
     assert sum(r["admission_holds"] for r in prefill) == 0
     assert LEAK not in log
@@ -367,17 +369,11 @@ def test_disabled_radix_cache_keeps_sglangs_scheduling(model_dirs: dict[str, Pat
     """--disable-radix-cache with the radixflow backend: SGLang still builds the tree, but it stores nothing, so a
     promise could never be kept. The siblings used to be let through one per round, each recomputing the document
     anyway; now radixflow steps aside (logged) and all five run in SGLang's one round."""
-    from sglang_radixflow.observe.trace import read_trace
-
     trace = tmp_path / "radixflow.jsonl"
     server = SGLangServer(str(model_dirs["qwen3"]), extra_args=["--disable-radix-cache"],
                           env={"RADIXFLOW_TRACE": str(trace)})
-    cands, other = _workload(23)
-    with server:
-        out = _batch(server, cands + [other])
-        log = server.log_text()
+    out, log, prefill = _one_batch_on_a_fresh_server(server, trace, seed=23)
     assert [o["meta_info"]["cached_tokens"] for o in out] == [0] * 5
     assert "state-ready traversal disabled: --disable-radix-cache is on" in log
     assert "traversal=native admission=native" in log
-    prefill = [r for r in read_trace(str(trace), "round") if r["kind_of_round"] == "prefill" and r["tokens"] > 100]
     assert [(r["rows"], r["blocked_skips"], r["producers"]) for r in prefill] == [(5, 0, 0)]
