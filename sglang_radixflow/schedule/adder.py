@@ -81,15 +81,14 @@ class RadixFlowPrefillAdder(PrefillAdder):
             sched.note_admitted(req, plan, hit)
         return result
 
-    def _needs_prefix_request(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
+    def _needs_prefix_request(self, req: Any, plan: ProducerPlan, sched: Any) -> bool:
         """A no_buffer producer with siblings waiting publishes b through a prefix request whenever it can, even with
         SGLang's single chunk slot free: a producer cut at b would hold that slot, and then the request that should
         fill the rest of the token budget with a chunk cannot be chunked and the pass ends with the budget unspent.
         (Rows are the same either way: prefix then producer, or chunk then continuation.) The cut remains for
         producers that cannot be split, and when prefix requests are off."""
         return (
-            plan is not None
-            and plan.mode is PublishMode.CHUNK_END
+            plan.mode is PublishMode.CHUNK_END
             and plan.siblings > 0
             and sched.prefix_requests
             and plan.boundary < len(req.origin_input_ids)
@@ -127,11 +126,10 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return None
         return sched.plan(req, hit)
 
-    def _producer_slot_busy(self, req: Any, plan: Optional[ProducerPlan], sched: Any) -> bool:
+    def _producer_slot_busy(self, req: Any, plan: ProducerPlan, sched: Any) -> bool:
         # A cache-only request exists to leave its states: it always waits for the chunk slot (bounded).
         return (
-            (sched.config.producer_slot_wait or (plan is not None and plan.siblings == 0 and is_cache_only(req)))
-            and plan is not None
+            (sched.config.producer_slot_wait or (plan.siblings == 0 and is_cache_only(req)))
             and plan.mode is PublishMode.CHUNK_END
             and plan.boundary < len(req.full_untruncated_fill_ids)
             and not self._rf_may_chunk
