@@ -26,7 +26,7 @@ from sglang_radixflow.bench.agent_workload import (
 )
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
-from sglang_radixflow.bench.server import SGLangServer, live_servers
+from sglang_radixflow.bench.server import HYBRID_STRATEGY_FLAGS, SGLangServer, check_hybrid_strategy, live_servers
 from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model
 
 POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
@@ -50,6 +50,7 @@ class AgentBenchOptions:
     models_root: Path = Path("runs/models")
     rr_block: int = 16
     hybrid_chunk: int = HYBRID_CHUNK  # --chunked-prefill-size on hybrid models (a state every chunk)
+    mamba_strategy: str = "no_buffer"  # hybrids' --mamba-radix-cache-strategy on CPU (see bench/server.py)
     # schedules (params.seed, +1, ...) run back to back on each server, the cache flushed in between: one seeded
     # schedule makes lru's mean a lottery (its misses are few and whole), so statistics pool several
     seeds: int = 1
@@ -71,6 +72,7 @@ class AgentBenchOptions:
         for name in ("rr_block", "hybrid_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+        check_hybrid_strategy(self.mamba_strategy, self.models)
 
     def workloads(self) -> list[AgentWorkload]:
         return [make_agent_workload(replace(self.params, seed=self.params.seed + i)) for i in range(self.seeds)]
@@ -211,7 +213,7 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
     chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
     server = SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=arm_dir / "server.log",
-                          extra_args=server_args(policy, workloads[0].params, chunk) + list(opts.extra_server_args))
+                          mamba_strategy=opts.mamba_strategy, extra_args=server_args(policy, workloads[0].params, chunk) + list(opts.extra_server_args))
     log(f"  [{arch}/{policy}] starting server")
     with server:
         warm = [5 + i for i in range(64)]
@@ -370,6 +372,8 @@ def format_report(summary: dict[str, Any]) -> str:
         f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
         f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled), "
         f"{_return_order_text(w)}, {_timing_text(w)}. "
+        f"Hybrids: `--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, prefills chunked at "
+        f"{w.get('hybrid_chunk', HYBRID_CHUNK)} tokens. "
         f"Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
@@ -459,6 +463,7 @@ def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
     workloads = opts.workloads()
     (opts.out / "workload.json").write_text(json.dumps(
         {"workload": {**workloads[0].describe(), "rr_block": opts.rr_block, "hybrid_chunk": opts.hybrid_chunk,
+                      "hybrid_strategy": opts.mamba_strategy,
                       "seeds": [w.params.seed for w in workloads]},
          "models": list(opts.models), "policies": list(opts.policies)}, indent=1))
     for arch in opts.models:
@@ -532,6 +537,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-chunk", type=int, default=HYBRID_CHUNK,
                    help="--chunked-prefill-size on hybrid models, for every policy "
                         "(a no_buffer hybrid keeps a state per chunk)")
+    p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
+                   help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
+                        "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 
@@ -544,6 +552,18 @@ def params_from_args(args: argparse.Namespace) -> AgentParams:
     return replace(base, seed=args.seed, **overrides)
 
 
+def options_from_args(args: argparse.Namespace) -> AgentBenchOptions:
+    """The bench's options; ValueError naming the bad flag."""
+    params = params_from_args(args)
+    too_long = prompt_too_long(params)
+    if too_long:
+        raise ValueError(too_long)
+    return AgentBenchOptions(
+        out=Path(args.out), params=params, models=tuple(m for m in args.models.split(",") if m),
+        policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
+        rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, mamba_strategy=args.hybrid_strategy, seeds=args.seeds)
+
+
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.report_only:
@@ -553,14 +573,7 @@ def main(args: argparse.Namespace) -> int:
         summary = write_report(out)
     else:
         try:  # bad options end here, before any directory is written or server started
-            params = params_from_args(args)
-            too_long = prompt_too_long(params)
-            if too_long:
-                raise ValueError(too_long)
-            opts = AgentBenchOptions(
-                out=out, params=params, models=tuple(m for m in args.models.split(",") if m),
-                policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
-                rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, seeds=args.seeds)
+            opts = options_from_args(args)
         except ValueError as err:
             raise SystemExit(f"radixflow bench agent: {err}") from None
         summary = run(opts)
@@ -568,4 +581,4 @@ def main(args: argparse.Namespace) -> int:
     return 1 if any(a["errors"] for a in summary["arms"].values()) else 0
 
 
-__all__ = ["AgentBenchOptions", "add_arguments", "main", "run", "write_report", "asdict"]
+__all__ = ["AgentBenchOptions", "add_arguments", "main", "options_from_args", "run", "write_report", "asdict"]

@@ -23,7 +23,7 @@ from sglang_radixflow.bench.frontend import (
     PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
 )
 from sglang_radixflow.bench.progress import Log, print_progress
-from sglang_radixflow.bench.server import HYBRID_STRATEGY_FLAGS, SGLangServer, live_servers
+from sglang_radixflow.bench.server import HYBRID_STRATEGY_FLAGS, SGLangServer, check_hybrid_strategy, live_servers
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
 from sglang_radixflow.models import ARCHS, ensure_model
@@ -74,8 +74,7 @@ class BenchOptions:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.server_threads < 0:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
-        if self.mamba_strategy not in HYBRID_STRATEGY_FLAGS:
-            raise ValueError(f"--hybrid-strategy {self.mamba_strategy}; allowed: {', '.join(HYBRID_STRATEGY_FLAGS)}")
+        check_hybrid_strategy(self.mamba_strategy, self.models)
 
 
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler

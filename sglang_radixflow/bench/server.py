@@ -36,6 +36,20 @@ HYBRID_STRATEGY_FLAGS: dict[str, tuple[str, ...]] = {
     "extra_buffer": ("--mamba-radix-cache-strategy", "extra_buffer"),
 }
 HYBRID_CPU_FLAGS: tuple[str, ...] = ("--max-mamba-cache-size", "256")
+EXTRA_BUFFER_CPU_MODELS = frozenset({"nemotron_h"})  # tiny hybrids whose CPU runtime tracks states (Mamba-2)
+
+
+def check_hybrid_strategy(strategy: str, models: Sequence[str], cpu: Optional[bool] = None) -> None:
+    """A bench's --hybrid-strategy against its models, before any server starts: on CPU, extra_buffer needs a
+    Mamba-2 hybrid (the gated-delta-net CPU ops return no per-chunk states; SGLang would refuse at startup)."""
+    if strategy not in HYBRID_STRATEGY_FLAGS:
+        raise ValueError(f"--hybrid-strategy {strategy}; allowed: {', '.join(HYBRID_STRATEGY_FLAGS)}")
+    if strategy == "extra_buffer" and (on_cpu() if cpu is None else cpu):
+        refused = [m for m in models if m in HYBRID_ARCHS and m not in EXTRA_BUFFER_CPU_MODELS]
+        if refused:
+            raise ValueError(f"--hybrid-strategy extra_buffer runs on the CPU runtime for "
+                             f"{', '.join(sorted(EXTRA_BUFFER_CPU_MODELS))} only, not {', '.join(refused)}; "
+                             "use no_buffer for those")
 
 
 def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
