@@ -144,9 +144,22 @@ class RadixFlowPrefillAdder(PrefillAdder):
         # Full attention needs no cut: its KV is usable at any length once in the tree.
         cut = sched.pending_boundary(req) if sched.mode is not PublishMode.KV else None
         if cut is not None:
-            limit = cut - int(req.prefix_len)
-            self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
+            limit: Optional[int] = cut - int(req.prefix_len)
+            if sched.mode is PublishMode.TRACK:
+                limit = self._track_continuation_limit(limit, sched.cache_chunk)
+            if limit is not None:
+                self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
         return super().add_chunked_req(req)
+
+    def _track_continuation_limit(self, to_boundary: int, grid: int) -> Optional[int]:
+        """extra_buffer: SGLang snapshots b inside the continuation (`mamba_branching_seqlen` stays set, and b is on
+        the grid counted from where the chunk before it stopped: `_track_admission`), so a continuation that reaches
+        b runs on uncut. One the budget stops short of b ends on that grid too, for the same reason."""
+        budget = self.rem_chunk_tokens
+        if budget is None or budget >= to_boundary:
+            return None
+        aligned = budget - budget % grid
+        return aligned if aligned > 0 else None
 
     def _would_fragment(self, req: Any, sched: Any) -> bool:
         """The remaining budget would cut `req` into a fragment below one checkpoint grid (it would publish no
@@ -173,7 +186,11 @@ class RadixFlowPrefillAdder(PrefillAdder):
             # chunked admission would replace the first. End the scan as native budget exhaustion would.
             return AddReqResult.OTHER
         plan = self._rf_plan
-        if plan is None or plan.mode is not PublishMode.CHUNK_END or isinstance(admission, AddReqResult):
+        if plan is None or isinstance(admission, AddReqResult):
+            return admission
+        if plan.mode is PublishMode.TRACK:
+            return self._track_admission(admission, plan)
+        if plan.mode is not PublishMode.CHUNK_END:
             return admission
         end = admission.prefix_len + admission.extend_len
         if not (admission.prefix_len < plan.boundary < end and self._rf_may_chunk):
@@ -182,3 +199,17 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return dataclasses.replace(
             admission, extend_len=plan.boundary - admission.prefix_len, max_new_tokens=0, is_chunked=True
         )
+
+    def _track_admission(self, admission: _PrefillAdmission, plan: ProducerPlan) -> "_PrefillAdmission | AddReqResult":
+        """extra_buffer: SGLang snapshots a state inside an extend only on the cache-chunk grid counted from that
+        extend's start, and b is on the grid counted from this one. A producer chunk that stops short of b (token
+        budget) must end on the grid too, or b is off the grid of its continuation and the promise fails ("passed the
+        boundary without a state": its siblings waited for nothing). The budget the rounding leaves (less than one
+        grid) goes unused; with less than one grid left the producer starts next round."""
+        if not admission.is_chunked or admission.prefix_len + admission.extend_len >= plan.boundary:
+            return admission
+        grid = self.tree_cache.rf_sched.cache_chunk
+        aligned = admission.extend_len - admission.extend_len % grid
+        if aligned <= 0:
+            return AddReqResult.OTHER
+        return dataclasses.replace(admission, extend_len=aligned)

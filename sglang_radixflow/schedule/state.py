@@ -76,6 +76,7 @@ class SchedulingState:
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
         self._promises_reported = (0, 0, 0)  # promise counters at the last round record (promise_record)
+        self._reasons_reported: dict[str, int] = {}  # cancel reasons at the last round record
         self._holds_reported = 0  # the gate's hold count at the last prefill-pass record
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
@@ -415,10 +416,17 @@ class SchedulingState:
         now = (c.registered, c.published, c.cancelled)
         reg0, pub0, can0 = self._promises_reported
         self._promises_reported = now
-        return {
+        record = {
             "promises_open": len(self.promises), "promises_registered_delta": now[0] - reg0,
             "promises_published_delta": now[1] - pub0, "promises_cancelled_delta": now[2] - can0,
         }
+        if now[2] != can0:  # why, only on the rounds that cancelled something
+            before = self._reasons_reported
+            record["promises_cancelled_reasons"] = {
+                why: n - before.get(why, 0) for why, n in c.cancel_reasons.items() if n != before.get(why, 0)
+            }
+            self._reasons_reported = dict(c.cancel_reasons)
+        return record
 
     def blocking_promise_unbounded(self, req: Any) -> Optional[Promise]:
         tokens = request_tokens(req)

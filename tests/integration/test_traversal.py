@@ -312,6 +312,35 @@ def test_extra_buffer_producer_tracks_its_state_at_the_branch_point(model_dirs: 
     assert sum(r["producers"] for r in prefill) == 1  # the warm-up planned nothing: SGLang's branch snapshot stays
 
 
+def test_extra_buffer_producer_chunked_before_its_boundary_still_publishes_it(
+    model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """extra_buffer, a token budget (400) smaller than the shared document (600, b = 576): the producer is chunked.
+    SGLang snapshots inside an extend only on the grid counted from that extend's start, so the chunk stops on the
+    grid (384) and the continuation runs past b with b tracked inside it. Before, the chunk stopped at 400 and the
+    continuation was cut at b, whose state then landed at 528: the promise was cancelled after the siblings had
+    waited for it, and they resumed from 528."""
+    from sglang_radixflow.observe.trace import read_trace
+
+    model = str(model_dirs["nemotron_h"])
+    budget = ("--chunked-prefill-size", "400", "--max-prefill-tokens", "400")
+    trace = tmp_path / "chunked.jsonl"
+    radixflow = SGLangServer(model, extra_args=(*FLOAT32, *budget), mamba_strategy="extra_buffer",
+                             env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)})
+    out, log, _ = _one_batch_on_a_fresh_server(radixflow, trace, seed=41)
+    cands, other = _workload(41)
+    with SGLangServer(model, radix_cache=None, extra_args=(*FLOAT32, *budget), env=FLOAT32_ENV,
+                      mamba_strategy="extra_buffer") as native_server:
+        native = _batch(native_server, cands + [other])
+    b = DOC_LEN // 64 * 64
+    assert [o["meta_info"]["cached_tokens"] for o in out[:4]] == [0, b, b, b]
+    rounds = read_trace(str(trace), "round")
+    assert sum(r["promises_published_delta"] for r in rounds) == 1
+    assert sum(r["promises_cancelled_delta"] for r in rounds) == 0
+    assert [o["output_ids"] for o in out] == [o["output_ids"] for o in native]
+    assert LEAK not in log
+
+
 def _one_batch_on_a_fresh_server(server: SGLangServer, trace: Path, seed: int) -> tuple[list[dict], str, list[dict]]:
     """Start `server` (its RADIXFLOW_TRACE is `trace`), send one document's 4 siblings and an unrelated request in
     one batch, stop it: (outputs, server log, the trace's prefill rounds of more than 100 tokens)."""

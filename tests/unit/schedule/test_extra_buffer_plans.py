@@ -56,3 +56,26 @@ def test_a_select_warm_up_snapshots_the_last_position_its_choices_can_use() -> N
 
 def test_a_select_warm_up_on_a_known_document_leaves_sglangs_branch_snapshot_alone() -> None:
     assert _warm_up(704, state_hit=0, branch=576) is None
+
+
+def test_a_chunked_producer_keeps_its_boundary_on_the_grid_of_its_continuation() -> None:
+    """SGLang snapshots inside an extend only on the grid counted from that extend's start. A producer whose document
+    outgrows the token budget (400) is chunked: its chunk must stop on the grid (384, not 400), so that b = 640 is on
+    the grid of the continuation too, and the continuation must then run on past b (SGLang tracks b inside it) instead
+    of being cut there. (Found live: 11 of 54 extra_buffer promises were cancelled as "passed the boundary without a
+    state", each after its siblings had waited a round for it.) The harness's cache is a no_buffer one; only the
+    scheduling side is switched to extra_buffer's publish mode and grid, which decide these chunk shapes."""
+    from sglang_radixflow.bench.passes import HYBRID, PassHarness
+
+    h = PassHarness(HYBRID, token_budget=400, rows=8, kv_size=8192, max_num_reqs=16, mamba_cache_size=32)
+    h.cache.rf_sched.mode, h.cache.rf_sched.cache_chunk = PublishMode.TRACK, GRID
+    group = _group()  # 600-token document + 40-token question shared, 80-token answers: b = 640 // 64 * 64
+    h.submit(*group)
+    h.run_pass()
+    first = h.execute()
+    assert [(f.rid, f.prefix_len, f.extend_len) for f in first.fragments] == [("c0", 0, 384)]
+    assert group[0].mamba_branching_seqlen == 640  # b, where SGLang snapshots the producer's state
+    assert h.run_pass()
+    second = h.execute()
+    assert (second.fragments[0].rid, second.fragments[0].prefix_len, second.fragments[0].extend_len) == (
+        "c0", 384, 720 - 384)
