@@ -21,6 +21,8 @@ the timed pass is one of the other 31 unless --refresh.
 Queue (`--queue groups`, default): groups of 4 candidates (a shared document of 300-500 tokens + a 20-token question,
 then a distinct 8-24 token answer), siblings arriving together, with unrelated 150-400-token requests in between (~1
 in 5 requests). `--queue unrelated`: only the unrelated requests (nothing shared: radixflow's hooks alone).
+`--queue consumers`: the groups queue with every document + question already published in the tree (a state at its
+end on hybrids): the pass after the producers' round, where every sibling is a Ready consumer.
 Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
 
     python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid] [--cold]
@@ -57,7 +59,7 @@ from sglang.srt.managers import scheduler as scheduler_module  # noqa: E402
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch  # noqa: E402
 
 from sglang_radixflow.schedule.binding import run_prefill_pass  # noqa: E402
-from tests.unit.cache.helpers import FULL, HYBRID  # noqa: E402
+from tests.unit.cache.helpers import FULL, HYBRID, CacheDriver  # noqa: E402
 from tests.unit.schedule.harness import PassHarness, make_request  # noqa: E402
 
 S, T = 64, 16384
@@ -68,10 +70,11 @@ IN_FLIGHT = [False]  # --in-flight: the timed pass follows one whose round has n
 REFRESH = [False]  # --refresh: time the pass in which SGLang's policy re-touches the first 128 waiting prefixes
 
 
-QUEUE = ["groups"]  # --queue: groups (candidates sharing a document) | unrelated (nothing shared)
+QUEUE = ["groups"]  # --queue: groups (candidates sharing a document) | unrelated (nothing shared) | consumers
 
 
-def make_queue(n: int, seed: int = 0) -> list[Req]:
+def make_queue(n: int, seed: int = 0, shared_prefixes: Optional[list[list[int]]] = None) -> list[Req]:
+    """The waiting queue; `shared_prefixes` collects each group's document + question."""
     rng = random.Random(seed)
     tok = lambda k: [rng.randrange(100, 50_000) for _ in range(k)]  # noqa: E731
     reqs: list[Req] = []
@@ -81,6 +84,8 @@ def make_queue(n: int, seed: int = 0) -> list[Req]:
             reqs.append(make_request(f"u{len(reqs)}", tok(rng.randint(150, 400))))
             continue
         shared = tok(rng.randint(300, 500)) + tok(20)  # document + question
+        if shared_prefixes is not None:
+            shared_prefixes.append(shared)
         for c in range(4):
             if len(reqs) < n:
                 reqs.append(make_request(f"g{group}c{c}", shared + tok(rng.randint(8, 24))))
@@ -88,17 +93,31 @@ def make_queue(n: int, seed: int = 0) -> list[Req]:
     return reqs
 
 
+def publish(h: PassHarness, prefixes: list[list[int]]) -> None:
+    """`--queue consumers`: every group's document + question is in the tree, with a state at its end on hybrids,
+    published (the pass after the producers' round: every sibling is a Ready consumer)."""
+    driver = CacheDriver(h.cache, h.allocator, h.pool)
+    for prefix in prefixes:
+        driver.insert(prefix)
+    h.forward_ct += 1  # the inserting round has ended: its stamps are published
+
+
 def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
     arm, admission = VARIANTS[variant]
+    consumers = QUEUE[0] == "consumers"
     h = PassHarness(
-        CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S, kv_size=32768, max_num_reqs=S + 8,
-        mamba_cache_size=S + 16, max_context_len=2048, slot_wait=SLOT_WAIT[0],
+        CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S,
+        kv_size=32768 + (160 * n if consumers else 0), max_num_reqs=S + 8,
+        mamba_cache_size=S + 16 + (n // 4 if consumers else 0), max_context_len=2048, slot_wait=SLOT_WAIT[0],
     )
     # SGLang's FCFS policy re-touches (LRU) the prefixes of the first 128 waiting requests on one pass in
     # WAITING_PREFIX_REFRESH_INTERVAL (32): a fresh policy would do it on this pass. Time the common pass unless asked.
     assert hasattr(h.sched.policy, "_waiting_prefix_refresh_calls"), "SGLang's waiting-prefix refresh counter"
     h.sched.policy._waiting_prefix_refresh_calls = 0 if REFRESH[0] else 1
-    queue = make_queue(n)
+    prefixes: list[list[int]] = []
+    queue = make_queue(n, shared_prefixes=prefixes)
+    if consumers:
+        publish(h, prefixes)
     h.submit(*queue)
     for req in queue:  # arrived a while ago: a flex gate releases on its deadline
         req.time_stats.wait_queue_entry_time -= 1.0
@@ -322,8 +341,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--slot-wait", action="store_true", help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 (hybrid no_buffer)")
     ap.add_argument("--in-flight", action="store_true",
                     help="time the pass after an unprocessed one (overlap scheduler: its promises still open)")
-    ap.add_argument("--queue", choices=("groups", "unrelated"), default="groups",
-                    help="groups: candidates sharing documents (default); unrelated: nothing shared")
+    ap.add_argument("--queue", choices=("groups", "unrelated", "consumers"), default="groups",
+                    help="groups: candidates sharing documents (default); unrelated: nothing shared; consumers: "
+                         "groups whose document + question is already published (the pass after their producers')")
     ap.add_argument("--refresh", action="store_true",
                     help="time SGLang's 1-in-32 pass that re-touches the first 128 waiting prefixes")
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")

@@ -217,6 +217,19 @@ def common_prefix_with(head: bytes, b: Sequence[int], hint: int = 0) -> int:
     return lo
 
 
+def shares_more_than(head: bytes, b: Sequence[int], n: int) -> bool:
+    """Whether `b` and the tokens whose array('q') bytes are `head` share more than their first `n` tokens: one
+    C-level comparison (see common_prefix_with)."""
+    b = as_tokens(b)
+    k = n + 1
+    if k <= 0:
+        return True
+    if k > len(b) or k * b.itemsize > len(head):
+        return False
+    with memoryview(b) as view:
+        return head.startswith(view[:k])
+
+
 def best_boundary(candidate_lcps: Iterable[int], floor: int) -> int:
     """The boundary b > floor maximising (b - floor) x (siblings whose shared prefix reaches b); 0 if none.
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Optional, Sequence
 
-from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with
+from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with, shares_more_than
 
 INDEX_PREFIX = 8  # siblings are found by their first tokens; shorter shared prefixes are not worth a promise
 
@@ -186,6 +186,7 @@ def plan_producer(
     grid-aligned ĥ: `native_branch`): the boundary is capped there too, so that radixflow never moves SGLang's own
     snapshot off the branch point."""
     state_hit = int(req.prefix_len)
+    floor = state_hit + min_gain - 1  # a boundary must pass it; a sibling sharing no more than that is no consumer
     head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
     shared = []
     lcp = 0
@@ -193,11 +194,17 @@ def plan_producer(
         if id(sib) in excluded:
             continue
         sib_tokens = request_tokens(sib)
+        if state_hit and not shares_more_than(head, sib_tokens, floor):
+            # One comparison instead of the LCP search: the common case of a request whose own shared prefix is
+            # already state-ready (a consumer after publication; a question on a document seen before). (With
+            # nothing cached, siblings share more than min_gain tokens as a rule: the search runs anyway.)
+            shared.append((sib, 0))
+            continue
         lcp = common_prefix_with(head, sib_tokens, hint=lcp)
         usable = min(lcp, key_limit(sib, sib_tokens), len(tokens))
         shared.append((sib, usable - usable % page_size))
     lcps = [lcp for _, lcp in shared]
-    boundary = best_boundary(lcps, floor=state_hit + min_gain - 1)
+    boundary = best_boundary(lcps, floor=floor)
     if mode is PublishMode.CHUNK_END and state_hit + min_gain <= token_hit < boundary:
         boundary = token_hit
     if mode is PublishMode.TRACK and boundary:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from array import array
 
-from sglang_radixflow.cache.promises import PromiseTable, common_prefix_with, longest_common_prefix
+from sglang_radixflow.cache.promises import PromiseTable, common_prefix_with, longest_common_prefix, shares_more_than
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.schedule.producers import (
     INDEX_PREFIX,
@@ -119,6 +119,9 @@ def test_longest_common_prefix_matches_a_naive_scan() -> None:
         head = array("q", a).tobytes()
         for hint in (0, expected, rng.randint(0, 720), expected + 1, max(0, expected - 1)):
             assert common_prefix_with(head, b, hint=hint) == expected, (len(a), len(b), hint)
+        # the planner's one-comparison pre-check agrees with the LCP on either side of it
+        for n in (-1, 0, expected - 1, expected, expected + 1, rng.randint(0, 720)):
+            assert shares_more_than(head, b, n) == (expected > n), (len(a), len(b), n, expected)
 
 
 def test_persistent_index_follows_the_queue_across_passes() -> None:
