@@ -213,7 +213,8 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
     chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
     server = SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=arm_dir / "server.log",
-                          mamba_strategy=opts.mamba_strategy, extra_args=server_args(policy, workloads[0].params, chunk) + list(opts.extra_server_args))
+                          mamba_strategy=opts.mamba_strategy,
+                          extra_args=server_args(policy, workloads[0].params, chunk) + list(opts.extra_server_args))
     log(f"  [{arch}/{policy}] starting server")
     with server:
         warm = [5 + i for i in range(64)]
