@@ -202,6 +202,15 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
     return sorted(records, key=lambda r: r["sent_s"])
 
 
+def arm_server(model_path: Path, arch: str, policy: str, params: AgentParams, opts: AgentBenchOptions,
+               env: dict[str, str], log_path: Path) -> SGLangServer:
+    """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy."""
+    chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
+    return SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=log_path,
+                        mamba_strategy=opts.mamba_strategy,
+                        extra_args=server_args(policy, params, chunk) + list(opts.extra_server_args))
+
+
 def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentWorkload], opts: AgentBenchOptions,
             log: Log) -> None:
     arm_dir = opts.out / arch / policy
@@ -211,10 +220,7 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
     env = {"RADIXFLOW_TRACE": str(trace), "RADIXFLOW_RR_BLOCK": str(opts.rr_block)}
     if opts.server_threads > 0:
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
-    chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
-    server = SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=arm_dir / "server.log",
-                          mamba_strategy=opts.mamba_strategy,
-                          extra_args=server_args(policy, workloads[0].params, chunk) + list(opts.extra_server_args))
+    server = arm_server(model_path, arch, policy, workloads[0].params, opts, env, arm_dir / "server.log")
     log(f"  [{arch}/{policy}] starting server")
     with server:
         warm = [5 + i for i in range(64)]

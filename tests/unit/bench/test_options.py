@@ -94,3 +94,31 @@ def test_hybrid_strategy_reaches_both_benches_and_is_checked_per_model() -> None
         check_hybrid_strategy("extra_buffer", ["qwen3_next"], cpu=True)
     with pytest.raises(ValueError, match="allowed: no_buffer, extra_buffer"):
         check_hybrid_strategy("lazy", ["nemotron_h"], cpu=True)
+
+
+def test_agent_arm_server_runs_the_hybrid_strategy_asked_for(tmp_path) -> None:
+    """The agent bench's option reaches the server it starts (its command line), on the hybrid only."""
+    import json
+
+    from sglang_radixflow.bench import agent
+    from sglang_radixflow.bench.agent_workload import AgentParams
+    from sglang_radixflow.models import MARKER_FILE
+
+    models = {}
+    for arch in ("nemotron_h", "qwen3"):
+        models[arch] = tmp_path / arch
+        models[arch].mkdir()
+        (models[arch] / MARKER_FILE).write_text(json.dumps({"arch": arch}))
+    params = AgentParams(**agent.QUICK)
+    opts = agent.AgentBenchOptions(out=tmp_path, params=params, mamba_strategy="extra_buffer")
+
+    def command(arch: str) -> list[str]:
+        server = agent.arm_server(models[arch], arch, "rr", params, opts, {}, tmp_path / "log")
+        server.cpu = True
+        return server.command()
+
+    hybrid = command("nemotron_h")
+    assert hybrid[hybrid.index("--mamba-radix-cache-strategy") + 1] == "extra_buffer"
+    assert "--disable-overlap-schedule" not in hybrid  # extra_buffer keeps SGLang's overlap scheduler
+    assert hybrid[hybrid.index("--radix-eviction-policy") + 1] == "rr"
+    assert "--mamba-radix-cache-strategy" not in command("qwen3")
