@@ -138,3 +138,20 @@ def test_concurrent_batch_equals_sequential(servers: dict[str, SGLangServer]) ->
 def test_hybrid_reports_hybrid(arch: str, servers: dict[str, SGLangServer]) -> None:
     line = next(l for l in servers["radixflow"].log_text().splitlines() if REGISTERED_LINE in l)
     assert f"hybrid_ssm={arch in HYBRID_ARCHS}" in line
+
+
+def test_parallel_sampling_copies_reuse_the_prompt_and_equal_native(arch: str, servers: dict[str, SGLangServer]) -> None:
+    """`n` > 1 (parallel sampling): SGLang first sends the prompt alone with max_new_tokens = 0, then the n copies.
+    On a no_buffer hybrid that warm-up's only state natively sits at the prompt's end, past the copies' match cap
+    (input length − 1), so natively every copy recomputes the prompt. Under radixflow the copies start from a state
+    at most one token short of that cap (the warm-up's cache-only publication leaves it; were it missing, one copy
+    would produce it for the others), on every architecture, with the same greedy outputs."""
+    prompt = _prompts(5)[2]
+    results = {name: server.generate(prompt, 4, sampling={"n": 4}) for name, server in servers.items()}
+    native, ours = results["native"], results["radixflow"]
+    assert len(ours) == len(native) == 4
+    assert [o["output_ids"] for o in ours] == [o["output_ids"] for o in native]
+    cached = [o["meta_info"]["cached_tokens"] for o in ours]
+    assert min(cached) >= len(prompt) - 2, cached
+    if arch in HYBRID_ARCHS:
+        assert max(o["meta_info"]["cached_tokens"] for o in native) < min(cached), "the hybrid reuses natively now"
