@@ -1,6 +1,7 @@
 """State-ready traversal on real SGLang servers (CPU): reuse, equality with native outputs, aborts, no leaks."""
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -406,3 +407,51 @@ def test_disabled_radix_cache_keeps_sglangs_scheduling(model_dirs: dict[str, Pat
     assert "state-ready traversal disabled: --disable-radix-cache is on" in log
     assert "traversal=native admission=native" in log
     assert [(r["rows"], r["blocked_skips"], r["producers"]) for r in prefill] == [(5, 0, 0)]
+
+
+def _session_agent(server: SGLangServer, system: list[int], seed: int, turns: int = 3) -> list[tuple[list[int], int]]:
+    """One agent on SGLang's session API: the first turn sends the system prompt + a message, each later turn only
+    its new message, continuing from the previous turn's node (`session_params.rid`)."""
+    rng = random.Random(seed)
+    sid = server.post("/open_session", {"capacity_of_str_len": 100_000})
+    out, last = [], None
+    for turn in range(turns):
+        new = (system if turn == 0 else []) + [rng.randrange(3, 2000) for _ in range(80)]
+        res = server.post("/generate", {"input_ids": new, "session_params": {"id": sid, "rid": last},
+                                        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+        last = res["meta_info"]["id"]
+        out.append((res["output_ids"], res["meta_info"]["cached_tokens"]))
+    server.post("/close_session", {"session_id": sid})
+    return out
+
+
+def test_session_agents_equal_native_and_continue_from_their_history(
+    hybrid_servers: dict[str, SGLangServer], trace_path: Path
+) -> None:
+    """Agents on SGLang's session API, four at once sharing a system prompt. A session request cannot be split into a
+    prefix request, so a producer among them cuts its own chunk at the branch point: outputs must still equal native
+    SGLang's, every later turn must start from its own history, and nothing may leak once the sessions close."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    system = [random.Random(21).randrange(3, 2000) for _ in range(300)]
+    results = {}
+    trace_start = trace_path.stat().st_size if trace_path.exists() else 0
+    for name in ("sglang", "radixflow"):
+        with ThreadPoolExecutor(4) as pool:
+            results[name] = list(pool.map(lambda a: _session_agent(hybrid_servers[name], system, a), range(4)))
+    assert [[o for o, _ in a] for a in results["radixflow"]] == [[o for o, _ in a] for a in results["sglang"]]
+    for agent in results["radixflow"]:
+        # turn t's context = turn t-1's context + its 4 outputs (the last one never has KV) + 80 new tokens
+        assert [c for _, c in agent[1:]] == [300 + 80 + 3, 300 + 80 + 4 + 80 + 3], agent
+    # the first turns share the system prompt: natively each computes it; radixflow's producer publishes it
+    first = {name: sum(a[0][1] for a in agents) for name, agents in results.items()}
+    assert first["radixflow"] >= first["sglang"], first
+    with trace_path.open() as f:
+        f.seek(trace_start)
+        rounds = [json.loads(line) for line in f if '"kind": "round"' in line]
+    cut = [r for r in rounds if r.get("producers") and not r.get("prefix_requests")]
+    assert cut, "no producer cut its own chunk (session requests cannot become prefix requests)"
+    assert sum(r["promises_published_delta"] for r in rounds) >= 1
+    assert sum(r["promises_cancelled_delta"] for r in rounds) == 0
+    time.sleep(1.0)
+    assert LEAK not in hybrid_servers["radixflow"].log_text()
