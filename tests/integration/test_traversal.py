@@ -455,3 +455,29 @@ def test_session_agents_equal_native_and_continue_from_their_history(
     assert sum(r["promises_cancelled_delta"] for r in rounds) == 0
     time.sleep(1.0)
     assert LEAK not in hybrid_servers["radixflow"].log_text()
+
+
+def test_score_api_computes_the_shared_query_once_and_scores_equal_native(
+    hybrid_servers: dict[str, SGLangServer]
+) -> None:
+    """SGLang's own multi-candidate scoring endpoint (`/v1/score`: one request per query + item, no output token,
+    label-token logprobs). Natively the hybrid computes the shared query once per item; under radixflow one item
+    produces it and the others start from its state: the server computes the query once, scores equal native's."""
+    from sglang_radixflow.bench.report import parse_prefill_lines
+
+    rng = random.Random(31)
+    query = [rng.randrange(3, 2000) for _ in range(DOC_LEN)]
+    items = [[rng.randrange(3, 2000) for _ in range(12)] for _ in range(4)]
+    body = {"query": query, "items": items, "label_token_ids": [5, 6, 7]}
+    scores, computed = {}, {}
+    for name in ("sglang", "radixflow"):
+        server = hybrid_servers[name]
+        log_start = len(server.log_text())
+        scores[name] = server.post("/v1/score", body)["scores"]
+        time.sleep(0.5)  # the last round's log line
+        computed[name] = sum(line["new"] for line in parse_prefill_lines(server.log_text()[log_start:]))
+    assert len(scores["radixflow"]) == len(items)
+    diff = max(abs(a - b) for ours, native in zip(scores["radixflow"], scores["sglang"]) for a, b in zip(ours, native))
+    assert diff < LOGPROB_TOL, diff
+    assert computed["sglang"] >= len(items) * len(query), computed  # the query once per item, natively
+    assert computed["radixflow"] <= len(query) + len(items) * 12 + 64, computed  # once, plus each item (and a grid)
