@@ -95,6 +95,10 @@ class RoundRobinEvictor:
         self.block = self.check_block(block_tokens, page_size)
         self.order = self.check_order(order)
         self.rotation: "OrderedDict[str, None]" = OrderedDict()
+        # each key's place in the rotation as a number (larger = further back), so that a walk ranks only the
+        # trajectories it can cut instead of iterating the whole rotation (which keeps gone ones until pruned)
+        self.position: dict[str, int] = {}
+        self._moves = 0
         self.peak: dict[str, int] = {}  # longest path length (tokens) each trajectory reached
         self._paths = 0
         self._prune_at = _PRUNE_MIN
@@ -122,8 +126,14 @@ class RoundRobinEvictor:
     def tag(self, node: "UnifiedTreeNode", key: str) -> None:
         node.component_data[FULL].metadata[TRAJ] = key
         if key not in self.rotation:
-            self.rotation[key] = None  # a new trajectory joins at the back
+            self.to_back(key)  # a new trajectory joins at the back
         self.peak[key] = max(self.peak.get(key, 0), depth_of(node))
+
+    def to_back(self, key: str) -> None:
+        self.rotation[key] = None
+        self.rotation.move_to_end(key)
+        self._moves += 1
+        self.position[key] = self._moves
 
     def new_path_key(self) -> str:
         self._paths += 1
@@ -165,6 +175,7 @@ class RoundRobinEvictor:
         alive = {traj_of(n) for n in arena.values()}
         for key in [k for k in self.rotation if k not in alive]:
             del self.rotation[key]
+            del self.position[key]
             self.peak.pop(key, None)
         self._prune_at = max(_PRUNE_MIN, 2 * len(self.rotation))
 
@@ -183,13 +194,22 @@ class RoundRobinWalk:
         assert isinstance(core.evictable_device_leaves, set), "SGLang changed the evictable leaf set"
         self.ev, self.core, self.ct, self.request_cnt, self.state_ok = ev, core, component_type, request_cnt, state_ok
         ev.maybe_prune(core)
+        # Grouped by trajectory; the groups' order is irrelevant (a pick ranks by rotation position and node ids).
         self.leaves: dict[str, list["UnifiedTreeNode"]] = {}
-        for node in sorted(core.evictable_device_leaves, key=lambda n: n.id):  # id order: same on every rank
-            key = traj_of(node)
+        untagged = []
+        for node in core.evictable_device_leaves:
+            key = node.component_data[FULL].metadata.get(TRAJ)
             if key is None:
-                key = ev.new_path_key()
-                ev.tag(node, key)
+                untagged.append(node)
+            else:
+                self.leaves.setdefault(key, []).append(node)
+        for node in sorted(untagged, key=lambda n: n.id):  # id order: new keys alike on every rank
+            key = ev.new_path_key()
+            ev.tag(node, key)
             self.leaves.setdefault(key, []).append(node)
+        # keys whose lists this walk changed (a pick, an exposed parent): only these can hold gone or repeated
+        # nodes, since SGLang deletes nothing but the victims handed to it
+        self.changed: set[str] = set()
         self.last: Optional["UnifiedTreeNode"] = None
         self.unit_key: Optional[str] = None
         if ev.pending is not None:
@@ -208,7 +228,7 @@ class RoundRobinWalk:
         if picked is None:
             return None
         key, leaf = picked
-        self.ev.rotation.move_to_end(key)
+        self.ev.to_back(key)
         self.unit_key = key
         self.ev.units += 1
         if self.state_ok is None and len(leaf.key) > self.ev.block:
@@ -240,30 +260,31 @@ class RoundRobinWalk:
             key = self.unit_key or self.ev.new_path_key()
             self.ev.tag(parent, key)
         self.leaves.setdefault(key, []).append(parent)
+        self.changed.add(key)
         return parent
 
     def _pick(self) -> Optional[tuple[str, "UnifiedTreeNode"]]:
+        """`share`: the largest retained share, the rotation's front first among equals; `cursor`: the front."""
         idle = self.core.evictable_device_leaves
-        best: Optional[tuple[float, str, "UnifiedTreeNode"]] = None
-        for key in self.ev.rotation:  # front first: the rotation breaks ties
-            cands = self.leaves.get(key)
+        position, peak, cursor = self.ev.position, self.ev.peak, self.ev.order == "cursor"
+        best: Optional[tuple[tuple[float, int], str, "UnifiedTreeNode"]] = None
+        for key, cands in self.leaves.items():
             if not cands:
                 continue
-            cands[:] = [n for n in dict.fromkeys(cands) if n in idle]
-            if not cands:
-                continue
+            if key in self.changed:
+                cands[:] = [n for n in dict.fromkeys(cands) if n in idle]
+                if not cands:
+                    continue
             # several idle ends of one trajectory (a retried turn): the deepest, then the least recently used
-            leaf = min(cands, key=lambda n: (-depth_of(n), n.last_access_time, n.id))
-            if self.ev.order == "cursor":
-                best = (0.0, key, leaf)
-                break
-            share = depth_of(leaf) / max(1, self.ev.peak.get(key, 0))
-            if best is None or share > best[0]:
-                best = (share, key, leaf)
+            leaf = cands[0] if len(cands) == 1 else min(cands, key=lambda n: (-depth_of(n), n.last_access_time, n.id))
+            rank = (0.0 if cursor else depth_of(leaf) / max(1, peak.get(key, 0)), -position[key])
+            if best is None or rank > best[0]:
+                best = (rank, key, leaf)
         if best is None:
             return None
         _, key, leaf = best
         self.leaves[key].remove(leaf)
+        self.changed.add(key)
         return key, leaf
 
     def _split_tail(self, leaf: "UnifiedTreeNode", key: str, cache_actions: list) -> "UnifiedTreeNode":

@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from sglang_radixflow import plugin
 from sglang_radixflow.cache.tree import RadixFlowCache
-from sglang_radixflow.evict.round_robin import DEPTH, RadixFlowRRCache, depth_of, traj_of
+from sglang_radixflow.evict.round_robin import _PRUNE_MIN, DEPTH, RadixFlowRRCache, depth_of, traj_of
 from tests.unit.cache.helpers import FULL, HYBRID, CacheDriver, build, tokens
 
 plugin.register_eviction_policy()
@@ -246,6 +246,27 @@ def test_full_attention_unit_is_one_tail_block_and_rotation_moves_on():
     # one block from each trajectory in turn, then A again; every remainder is a contiguous reusable prefix
     assert [d.match(p).device_prefix_len for p in (a, b, c)] == [32, 48, 48]
     assert list(d.cache.rf_rr.rotation) == ["path:2", "path:3", "path:1"]
+    d.cache.sanity_check()
+
+
+def test_prune_forgets_gone_trajectories_everywhere_and_the_rotation_order_holds():
+    """The rotation keeps gone trajectories until it has doubled; a walk then sweeps them out of the rotation, the
+    positions it ranks by and the peaks alike, and the survivors keep their order (position order = rotation)."""
+    n = _PRUNE_MIN
+    d = rr_driver(FULL, block=16, order="cursor", kv_size=2 * n * 16 + 64)
+    ev = d.cache.rf_rr
+    first = [tokens(1000 * (i + 1), 16) for i in range(n)]
+    for p in first:
+        extend(d, p, 0, 16)
+    assert d.evict(num_tokens=16 * (n - 3)).num_tokens_evicted == 16 * (n - 3)  # cursor: the front ones, whole
+    assert len(ev.rotation) == n  # gone ones are kept until the rotation doubles
+    for i in range(n):
+        extend(d, tokens(10**6 + 1000 * i, 16), 0, 16)
+    d.evict(num_tokens=16)  # this walk prunes first, then cuts the front trajectory (the oldest survivor), whole
+    assert len(ev.rotation) == 3 + n and set(ev.position) == set(ev.rotation) == set(ev.peak)
+    assert sorted(ev.position, key=ev.position.get) == list(ev.rotation)
+    assert list(ev.rotation)[-1] == f"path:{n - 2}"  # the cut one went to the back
+    assert [d.match(p).device_prefix_len for p in first[-3:]] == [0, 16, 16]
     d.cache.sanity_check()
 
 
