@@ -409,11 +409,14 @@ def test_disabled_radix_cache_keeps_sglangs_scheduling(model_dirs: dict[str, Pat
     assert [(r["rows"], r["blocked_skips"], r["producers"]) for r in prefill] == [(5, 0, 0)]
 
 
-def _session_agent(server: SGLangServer, system: list[int], seed: int, turns: int = 3) -> list[tuple[list[int], int]]:
+def _session_agent(server: SGLangServer, system: list[int], seed: int, start: threading.Barrier,
+                   turns: int = 3) -> list[tuple[list[int], int]]:
     """One agent on SGLang's session API: the first turn sends the system prompt + a message, each later turn only
-    its new message, continuing from the previous turn's node (`session_params.rid`)."""
+    its new message, continuing from the previous turn's node (`session_params.rid`). The agents' first turns leave
+    together (`start`), as siblings do."""
     rng = random.Random(seed)
     sid = server.post("/open_session", {"capacity_of_str_len": 100_000})
+    start.wait(timeout=60)
     out, last = [], None
     for turn in range(turns):
         new = (system if turn == 0 else []) + [rng.randrange(3, 2000) for _ in range(80)]
@@ -437,8 +440,9 @@ def test_session_agents_equal_native_and_continue_from_their_history(
     results = {}
     trace_start = trace_path.stat().st_size if trace_path.exists() else 0
     for name in ("sglang", "radixflow"):
+        start = threading.Barrier(4)
         with ThreadPoolExecutor(4) as pool:
-            results[name] = list(pool.map(lambda a: _session_agent(hybrid_servers[name], system, a), range(4)))
+            results[name] = list(pool.map(lambda a: _session_agent(hybrid_servers[name], system, a, start), range(4)))
     assert [[o for o, _ in a] for a in results["radixflow"]] == [[o for o, _ in a] for a in results["sglang"]]
     for agent in results["radixflow"]:
         # turn t's context = turn t-1's context + its 4 outputs (the last one never has KV) + 80 new tokens
