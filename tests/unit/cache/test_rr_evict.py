@@ -195,16 +195,15 @@ def test_locked_paths_are_never_evicted(components):
     accounted(d, 1024)
 
 
-@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
-def test_sanity_holds_after_heavy_eviction_under_concurrent_requests(components):
-    """Random interleaving of many requests' steps (match+lock, evict, insert, unlock), pool at ~3x overcommit."""
-    total = 512
-    d = rr_driver(components, kv_size=total, mamba_cache_size=128)
-    rng = random.Random(5)
+def concurrent_agents(d: CacheDriver, total: int, seed: int = 5, steps: int = 600) -> list[tuple]:
+    """Random interleaving of many requests' steps (match+lock, evict, insert, unlock) on `d`, checking the pool's
+    accounting after every step; returns what RR decided, step by step (rotation, victims, each history's hit)."""
+    rng = random.Random(seed)
+    decisions = []
     system = tokens(50_000, 32)
     histories = {a: system + tokens(1000 * (a + 1), 16) for a in range(12)}
     inflight: dict[int, object] = {}
-    for _ in range(600):
+    for _ in range(steps):
         a = rng.randrange(12)
         if a in inflight:  # finish its turn: release, the history grows
             d.cache.unlock(inflight.pop(a))
@@ -228,11 +227,35 @@ def test_sanity_holds_after_heavy_eviction_under_concurrent_requests(components)
         d.cache.unlock(hold)
         inflight[a] = d.cache.lock(d.match(toks).last_device_node)
         accounted(d, total)
+        ev = d.cache.rf_rr
+        decisions.append((tuple(ev.rotation), ev.victims, tuple(d.match(h).device_prefix_len for h in histories.values())))
     for lock in inflight.values():
         d.cache.unlock(lock)
+    return decisions
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_sanity_holds_after_heavy_eviction_under_concurrent_requests(components):
+    """Many requests' steps interleaved at random, pool at ~3x overcommit: accounting holds after every step."""
+    total = 512
+    d = rr_driver(components, kv_size=total, mamba_cache_size=128)
+    concurrent_agents(d, total)
     d.cache.sanity_check()
     accounted(d, total)
     assert d.cache.rf_rr.units > 20  # the run did evict, heavily
+
+
+@pytest.mark.parametrize("order", ["share", "cursor"])
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_two_caches_fed_alike_decide_alike(components, order):
+    """What tensor-parallel ranks are: separate caches fed the same operations. SGLang's idle-leaf set iterates in a
+    different order in each (its nodes hash by address), so a decision read off that order would diverge here."""
+    runs = []
+    for _ in range(2):
+        d = rr_driver(components, order=order, kv_size=512, mamba_cache_size=128)
+        runs.append(concurrent_agents(d, 512, seed=9, steps=400))
+        assert d.cache.rf_rr.units > 20
+    assert runs[0] == runs[1]
 
 
 def test_full_attention_unit_is_one_tail_block_and_rotation_moves_on():
