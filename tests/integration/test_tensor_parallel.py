@@ -99,10 +99,13 @@ def test_tp_ranks_take_the_same_decisions_and_outputs_equal_native(
     # Greedy outputs equal native SGLang's at the same TP size (TP changes bf16 rounding, so not tp 1's).
     assert {rid: o["output_ids"] for rid, o in results["radixflow"].items()} == {
         rid: o["output_ids"] for rid, o in results["sglang"].items()}
-    # The traversal works across ranks: the candidates of every document after the first one to arrive reuse it.
+    # The traversal works across ranks: every document's producer serves its later siblings. Usually three of the
+    # four candidates reuse it; on a loaded machine a pass can fall between the first two arrivals (0-4 ms apart)
+    # while the worker is busy (no hold then): the first runs alone, not yet a producer, and the second, arriving
+    # alone a round later, finds the document's KV without a state at its end (CI trace, session 11: [0, 0, 400, 400]).
     for d in range(4):
         cached = sorted(results["radixflow"][f"tp-d{d}-c{c}"]["meta_info"]["cached_tokens"] for c in range(4))
-        assert cached[1:] == [DOC_LEN] * 3, (d, cached)
+        assert cached[2:] == [DOC_LEN] * 2 and set(cached) <= {0, DOC_LEN}, (d, cached)
 
     rank0 = read_trace(str(traces / "rank0.jsonl"), kind="round")
     rank1 = read_trace(str(traces / "rank1.jsonl"), kind="round")
@@ -111,5 +114,6 @@ def test_tp_ranks_take_the_same_decisions_and_outputs_equal_native(
     prefill = [r for r in rank0 if "admitted" in r]
     assert sum(r["admission_holds"] for r in prefill) > 0, "the hold path never ran"
     assert sum(r["producers"] for r in prefill) >= 4 and sum(r["blocked_skips"] for r in prefill) > 0
+    assert sum(r["promises_published_delta"] for r in rank0) >= 4  # one per document at least
     for name, server in servers.items():
         assert "memory leak detected" not in server.log_text(), name
