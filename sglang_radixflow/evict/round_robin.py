@@ -25,8 +25,8 @@ Trajectory identity (FULL `metadata[TRAJ]` of a node; only leaves are read at ev
 Splits keep the tail node (and its tag) in place; the new prefix node is untagged until a cut exposes it. SGLang
 0.5.23's tree never merges nodes, so the rotation only has to survive splits and exposures.
 
-Rotation: trajectory keys in an insertion-ordered dict; the trajectory that loses a unit moves to the back; a new
-trajectory joins at the back. Which idle trajectory is next (`order`):
+Rotation: each trajectory key holds its place (a counter, larger = further back); the trajectory that loses a unit
+moves to the back; a new trajectory joins at the back. Which idle trajectory is next (`order`):
 - `share` (default): the one retaining the largest fraction of its longest length (its peak depth), the rotation
   breaking ties. This is the paper's ideal round robin, every idle trajectory holding the same fraction
   h = (m - n_a)/(n*s): a plain cursor cuts every idle trajectory at the same *rate*, so what an agent keeps falls
@@ -38,7 +38,6 @@ counter that advances identically on every TP rank), never by set or id() order:
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -94,9 +93,8 @@ class RoundRobinEvictor:
         self.page_size = page_size
         self.block = self.check_block(block_tokens, page_size)
         self.order = self.check_order(order)
-        self.rotation: "OrderedDict[str, None]" = OrderedDict()
-        # each key's place in the rotation as a number (larger = further back), so that a walk ranks only the
-        # trajectories it can cut instead of iterating the whole rotation (which keeps gone ones until pruned)
+        # The rotation, as each key's place in it (larger = further back): a walk ranks only the trajectories it
+        # can cut by their place, instead of iterating the whole rotation (which keeps gone ones until pruned).
         self.position: dict[str, int] = {}
         self._moves = 0
         self.peak: dict[str, int] = {}  # longest path length (tokens) each trajectory reached
@@ -125,15 +123,18 @@ class RoundRobinEvictor:
     # ---- identity ----
     def tag(self, node: "UnifiedTreeNode", key: str) -> None:
         node.component_data[FULL].metadata[TRAJ] = key
-        if key not in self.rotation:
+        if key not in self.position:
             self.to_back(key)  # a new trajectory joins at the back
         self.peak[key] = max(self.peak.get(key, 0), depth_of(node))
 
     def to_back(self, key: str) -> None:
-        self.rotation[key] = None
-        self.rotation.move_to_end(key)
         self._moves += 1
         self.position[key] = self._moves
+
+    @property
+    def rotation(self) -> list[str]:
+        """The keys front to back (for tests and logs; walks read `position`)."""
+        return sorted(self.position, key=self.position.__getitem__)
 
     def new_path_key(self) -> str:
         self._paths += 1
@@ -168,16 +169,15 @@ class RoundRobinEvictor:
 
     def maybe_prune(self, core: "UnifiedTreeCore") -> None:
         """Forget trajectories none of whose nodes is left (amortised: only when the rotation has doubled)."""
-        if len(self.rotation) < self._prune_at:
+        if len(self.position) < self._prune_at:
             return
         arena = core._node_arena
         assert isinstance(arena, dict), "SGLang changed UnifiedTreeCore._node_arena"
         alive = {traj_of(n) for n in arena.values()}
-        for key in [k for k in self.rotation if k not in alive]:
-            del self.rotation[key]
+        for key in [k for k in self.position if k not in alive]:
             del self.position[key]
             self.peak.pop(key, None)
-        self._prune_at = max(_PRUNE_MIN, 2 * len(self.rotation))
+        self._prune_at = max(_PRUNE_MIN, 2 * len(self.position))
 
 
 class RoundRobinWalk:
