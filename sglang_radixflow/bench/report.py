@@ -314,6 +314,11 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
     return str(x)
 
 
+def _doc_scale_note(scale: Any) -> str:
+    """Runs with shorter or longer documents than the default say so (older runs have no key: scale 1)."""
+    return "" if scale in (None, 1, 1.0) else f", lengths x{scale:g} of the default"
+
+
 def _pct(x: Optional[float]) -> str:
     return "—" if x is None else f"{100 * x:.2f}%"
 
@@ -338,7 +343,8 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         "",
         f"Workload: {w.get('questions')} questions x {w.get('candidates', 4)} candidates = {w.get('requests')} requests, "
         f"stream `{w.get('stream')}`, order `{w.get('order')}`, Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "
-        f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens), "
+        f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens"
+        f"{_doc_scale_note(w.get('doc_scale'))}), "
         f"{w.get('prompt_tokens')} prompt tokens, ideal reuse ratio {_pct(ideal)}.",
         f"Budgets: S = {b['S']} rows (`--prefill-max-requests`; `--max-running-requests` "
         f"{running}), T = {b['T']} tokens "

@@ -311,6 +311,7 @@ def options_from_args(args: Any) -> BenchOptions:
     questions = args.questions or (16 if quick else 64)
     params = WorkloadParams(
         questions=questions, stream=args.stream, order=args.order, rate=args.rate, seed=args.seed,
+        doc_scale=args.doc_scale,
     )
     budgets: Optional[tuple[int, int]] = None
     if args.budgets:
@@ -364,6 +365,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--stream", choices=STREAMS, default="mixed")
     parser.add_argument("--order", choices=ORDERS, default="forward")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--doc-scale", type=float, default=1.0,
+                        help="keep this leading fraction of every document, in (0, 1] (default 1); below 1 a CPU "
+                             "round's cost is less dominated by its tokens, as on a GPU")
     parser.add_argument("--budgets", default="", help="S,T: fix the budgets instead of calibrating")
     parser.add_argument("--calibration-questions", type=int, default=8, help="held-out questions per grid point")
     parser.add_argument("--calibration-grid", default=",".join(f"{s}x{t}" for s, t in CALIBRATION_GRID),

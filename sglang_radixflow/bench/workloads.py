@@ -7,6 +7,9 @@ Document lengths follow the two datasets, scaled so a 2-core CPU run takes minut
 - `quality` (QuALITY articles, long): ~N(4800, 1200) tokens clipped to [2400, 6000], times 0.25 -> 600..1500 tokens;
 - `race_m`  (RACE-M passages, short): ~N(330, 90) tokens clipped to [240, 600], times 1.0 -> 240..600 tokens.
 Questions are drawn 2:1 quality:race_m (the paper's 1034:517). The budget T is scaled like QuALITY (8192 x 0.25).
+`doc_scale` in (0, 1] (default 1) keeps that leading fraction of every document, everything else (datasets,
+questions, candidates, arrivals) unchanged: on a CPU a round's cost grows with its tokens, while on a GPU it is nearly
+flat at these sizes; shorter documents move a CPU run toward the GPU's regime (see the README's cost identity).
 
 Streams (how documents are shared ACROSS questions; the 4 branches of a question always share doc + question):
 - `cold`:  every question has its own document: no token is shared between questions;
@@ -76,6 +79,7 @@ class WorkloadParams:
     question_len: tuple[int, int] = (12, 40)  # uniform, inclusive
     candidate_len: tuple[int, int] = (3, 24)
     datasets: tuple[DatasetSpec, ...] = DATASETS
+    doc_scale: float = 1.0  # the leading fraction of every document kept
 
     def __post_init__(self) -> None:
         if self.questions < 1:
@@ -86,6 +90,8 @@ class WorkloadParams:
             raise ValueError(f"order={self.order!r}; allowed: {', '.join(ORDERS)}")
         if not self.rate > 0 or math.isinf(self.rate):
             raise ValueError(f"rate={self.rate}: must be a positive finite number of questions/s")
+        if not 0 < self.doc_scale <= 1:  # NaN fails too
+            raise ValueError(f"doc_scale={self.doc_scale}: must be in (0, 1] (1 = the default document lengths)")
         for lo, hi in (self.question_len, self.candidate_len):
             assert 1 <= lo <= hi, (lo, hi)
 
@@ -236,7 +242,9 @@ def make_workload(params: WorkloadParams) -> Workload:
 
     def new_doc() -> _Doc:
         spec = _pick_dataset(rng, params.datasets)
-        doc = _Doc(f"{spec.name}-{len(docs):04d}", spec, toks.document(spec.draw_length(rng)))
+        tokens = toks.document(spec.draw_length(rng))  # drawn whole: the random stream is that of scale 1
+        kept = max(2, int(round(len(tokens) * params.doc_scale)))
+        doc = _Doc(f"{spec.name}-{len(docs):04d}", spec, tokens[:kept])
         docs.append(doc)
         return doc
 

@@ -144,7 +144,28 @@ def test_warmup_prompts_share_no_prefix_with_the_workload() -> None:
         assert all(r.input_ids[0] != WARMUP_TOKEN for r in w.requests())
 
 
+def test_doc_scale_shortens_documents_only_and_one_is_the_default() -> None:
+    base = make_workload(WorkloadParams(questions=40, stream="reuse", seed=2))
+    assert make_workload(WorkloadParams(questions=40, stream="reuse", seed=2, doc_scale=1.0)) == base
+    short = make_workload(WorkloadParams(questions=40, stream="reuse", seed=2, doc_scale=0.25))
+    assert [q.dataset for q in short.questions] == [q.dataset for q in base.questions]
+    assert [q.doc_id for q in short.questions] == [q.doc_id for q in base.questions]
+    assert [q.arrival_s for q in short.questions] == [q.arrival_s for q in base.questions]
+    for s, b in zip(short.questions, base.questions):
+        # the leading quarter of the same document, then the same question and candidates
+        assert s.doc_len == round(b.doc_len * 0.25), (s.doc_len, b.doc_len)
+        for s_ids, b_ids in zip(s.branches, b.branches):
+            assert s_ids[: s.doc_len] == b_ids[: s.doc_len]
+            assert s_ids[s.doc_len:] == b_ids[b.doc_len:]
+        assert all(_lcp(x, y) == _prefix_len(s) for x, y in itertools.combinations(s.branches, 2))
+    assert short.describe()["doc_scale"] == 0.25
+    assert short.prompt_tokens < 0.5 * base.prompt_tokens
+
+
 def test_bad_parameters_are_refused() -> None:
-    for bad in (dict(questions=0), dict(stream="hot"), dict(order="sideways"), dict(rate=0.0)):
+    for bad in (dict(questions=0), dict(stream="hot"), dict(order="sideways"), dict(rate=0.0), dict(doc_scale=0.0),
+                dict(doc_scale=-1.0), dict(doc_scale=float("nan")), dict(doc_scale=1.5)):
         with pytest.raises(ValueError):
             WorkloadParams(**bad)
+    with pytest.raises(ValueError, match=r"doc_scale=0.0: must be in \(0, 1\]"):
+        WorkloadParams(doc_scale=0.0)
