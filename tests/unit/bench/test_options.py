@@ -19,10 +19,11 @@ def test_quick_fixes_budgets_and_size() -> None:
 
 def test_explicit_options() -> None:
     o = _opts("--out x --arms sglang,radixflow --models qwen3 --questions 5 --rate 9 --stream cold --seed 3 "
-              "--budgets 4,512 --order reverse")
+              "--budgets 4,512 --order reverse --doc-scale 0.5")
     assert o.arms == ("sglang", "radixflow") and o.models == ("qwen3",) and o.budgets == (4, 512)
     w = o.workload
-    assert (w.questions, w.rate, w.stream, w.seed, w.order) == (5, 9.0, "cold", 3, "reverse")
+    assert (w.questions, w.rate, w.stream, w.seed, w.order, w.doc_scale) == (5, 9.0, "cold", 3, "reverse", 0.5)
+    assert _opts("--out x").workload.doc_scale == 1.0
     assert _opts("--out x").budgets is None  # calibrate
     assert _opts("--out x --calibration-grid 4x256,8x512").calibration_grid == ((4, 256), (8, 512))
 
@@ -48,6 +49,7 @@ def test_budget_flags() -> None:
     ("multi-candidate --budgets 0,2048", "budgets S,T = (0, 2048): both must be positive"),
     ("multi-candidate --calibration-grid 8x", "calibration grid item '8x': expected SxT"),
     ("multi-candidate --kv-tokens 0", "--kv-tokens 0: must be >= 1"),
+    ("multi-candidate --doc-scale 2", "doc_scale=2.0: must be in (0, 1] (1 = the default document lengths)"),
     ("multi-candidate --arms sglang,fastest", "unknown arm(s) fastest; allowed: sglang,"),
     ("agent --models qwen4", "unknown model(s) qwen4; allowed:"),
     ("agent --rr-block 0", "--rr-block 0: must be >= 1"),
