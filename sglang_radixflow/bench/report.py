@@ -315,7 +315,7 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 
 
 def _doc_scale_note(scale: Any) -> str:
-    """Runs with shorter or longer documents than the default say so (older runs have no key: scale 1)."""
+    """Runs with shortened documents say so (runs before --doc-scale have no key: scale 1)."""
     return "" if scale in (None, 1, 1.0) else f", lengths x{scale:g} of the default"
 
 

@@ -163,6 +163,11 @@ def test_report_md_has_a_table_row_per_arm(run_dir: Path) -> None:
     header = report.TABLE_HEAD
     rows = [line for line in text.splitlines() if line.startswith("| radixflow | 4 |")]
     assert rows and rows[0].count("|") == header.count("|")
+    assert "lengths x" not in text  # default document lengths: nothing to say
+    workload = json.loads((run_dir / "workload.json").read_text())
+    (run_dir / "workload.json").write_text(json.dumps({**workload, "doc_scale": 0.25}))
+    report.write_report(run_dir)
+    assert "lengths x0.25 of the default" in (run_dir / "report.md").read_text()
 
 
 def test_percentile_and_log_parsing() -> None:
