@@ -32,7 +32,9 @@ class RadixFlowConfig:
     promise_max_age_rounds: int = 64
     producer_slot_wait: bool = False  # hybrid no_buffer: a would-be producer waits for SGLang's one chunk slot
     prefix_requests: bool = True  # hybrid no_buffer: with the chunk slot taken, publish b through a prefix request
-    producer_rows: int = 0  # rows of a pass that Ready non-producers leave to producers behind them (0: FCFS)
+    # Rows of a pass that Ready non-producers leave to producers behind them (skip traversal only; 0: the paper's FCFS
+    # scan). Fills the token-bound producer rounds that FCFS alternates with row-bound consumer rounds.
+    producer_rows: int = 2
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
     rr_block_tokens: int = 16  # RR-Evict tail unit on full-attention paths (--radix-eviction-policy rr)

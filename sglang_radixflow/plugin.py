@@ -65,7 +65,10 @@ def create_radixflow_cache(ctx: "TreeCacheBuildContext") -> "BasePrefixCache":
     cache = create_unified_radix_cache(ctx, cache_class=cache_class)
     assert isinstance(cache, RadixFlowCache)
     cache.configure(config, tp_rank=ctx.tp_rank)
-    logger.info("sglang-radixflow: cache ready (arm=%s, hybrid_ssm=%s)", config.arm, ctx.is_hybrid_ssm)
+    logger.info(
+        "sglang-radixflow: cache ready (arm=%s, traversal=%s, admission=%s, producer_rows=%d, hybrid_ssm=%s)",
+        config.arm, config.traversal, config.admission, config.producer_rows, ctx.is_hybrid_ssm,
+    )
     return cache
 
 

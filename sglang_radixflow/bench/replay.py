@@ -27,6 +27,7 @@ from sglang_radixflow.schedule.prefix_request import split_prefix_rid
 REPLAY_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow", "radixflow+frag")
 DEFAULT_INSTANCES: tuple[str, ...] = ("figure1", "mc-mixed", "mc-cold")
 TARGET_RATIO = 1.05  # radixflow rounds <= 1.05 x lower bound (issue 4)
+DEFAULT_QUESTIONS = 48  # per generated instance: the live bench's 48-question burst
 
 
 
@@ -94,7 +95,7 @@ def figure1_instance() -> Instance:
     )
 
 
-def multi_candidate_instance(stream: str, questions: int = 12, seed: int = 0, S: int = 8,  # noqa: N803
+def multi_candidate_instance(stream: str, questions: int = DEFAULT_QUESTIONS, seed: int = 0, S: int = 8,  # noqa: N803
                              T: int = 2048) -> Instance:
     """The bench's multi-candidate workload (bench/workloads.py), every question already waiting."""
     if stream not in STREAMS:
@@ -108,7 +109,7 @@ def multi_candidate_instance(stream: str, questions: int = 12, seed: int = 0, S:
     )
 
 
-def make_instance(name: str, questions: int = 12, seed: int = 0,
+def make_instance(name: str, questions: int = DEFAULT_QUESTIONS, seed: int = 0,
                   budgets: Optional[Sequence[int]] = None) -> Instance:
     """"figure1" or "mc-<stream>" (generated); budgets (S, T) apply to generated instances only."""
     if name == "figure1":
@@ -180,9 +181,9 @@ def dependency_depth(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[
 
 
 def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: int = 512,
-           producer_rows: int = 0) -> ArmResult:
+           producer_rows: Optional[int] = None) -> ArmResult:
     """Schedule the instance's queue with `arm` on SGLang's real prefill pass until it drains (producer_rows:
-    RADIXFLOW_PRODUCER_ROWS, which only the skip traversal uses)."""
+    RADIXFLOW_PRODUCER_ROWS, which only the skip traversal uses; None: the arm's default, recorded for skip arms)."""
     from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request  # torch + SGLang: lazy
 
     longest = max(len(p) for p in instance.prompts.values())
@@ -199,8 +200,9 @@ def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: in
     rounds = tuple(h.run_rounds(max_rounds=max_rounds))
     h.assert_idle_invariants()  # every slot back in the allocator or the tree: the schedule was real
     extra: dict[str, Any] = {"slot_wait": True} if slot_wait else {}
-    if producer_rows:
-        extra["producer_rows"] = producer_rows
+    config = h.cache.rf_sched.config
+    if config.traversal == "skip":  # the only traversal that reads it
+        extra["producer_rows"] = config.producer_rows
     return measure(arm, rounds, instance, extra)
 
 
@@ -230,7 +232,7 @@ def instance_entry(inst: Instance) -> dict[str, Any]:
 
 
 def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], slot_wait: bool = False,
-               log: Log = print, producer_rows: int = 0) -> dict[str, Any]:
+               log: Log = print, producer_rows: Optional[int] = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"kind": "replay", "target_ratio": TARGET_RATIO, "instances": {}}
     for inst in instances:
@@ -238,7 +240,7 @@ def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], sl
         inst_dir = out / inst.name
         inst_dir.mkdir(exist_ok=True)
         for arm in arms:
-            rows = producer_rows if arm.startswith("radixflow") else 0  # the skip arms
+            rows = producer_rows if arm.startswith("radixflow") else None  # the skip arms
             res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang", producer_rows=rows)
             entry["arms"][arm] = res.to_dict(inst.S)
             write_rounds(inst_dir / f"{arm}.rounds.jsonl", res.rounds)
@@ -259,7 +261,7 @@ def rebuild(out: Path) -> dict[str, Any]:
         inst = make_instance(**saved.get("params") or {"name": name})
         entry = instance_entry(inst)
         for arm in saved["arms"]:
-            extra = {k: saved["arms"][arm][k] for k in ("slot_wait", "producer_rows") if saved["arms"][arm].get(k)}
+            extra = {k: saved["arms"][arm][k] for k in ("slot_wait", "producer_rows") if k in saved["arms"][arm]}
             entry["arms"][arm] = measure(arm, read_rounds(out / name / f"{arm}.rounds.jsonl"), inst, extra).to_dict(
                 inst.S)
         summary["instances"][name] = entry
@@ -313,13 +315,16 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--instances", default=",".join(DEFAULT_INSTANCES),
                         help="comma list of figure1, " + ", ".join(f"mc-{s}" for s in STREAMS))
     parser.add_argument("--arms", default=",".join(REPLAY_ARMS), help="comma list of arms")
-    parser.add_argument("--questions", type=int, default=12, help="questions per generated instance (x4 requests)")
+    parser.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS,
+                        help=f"questions per generated instance (x4 requests); default {DEFAULT_QUESTIONS}, the live "
+                             "bench's burst")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budgets", default="8,2048", help="S,T of the generated instances (figure1: 4,4096)")
     parser.add_argument("--slot-wait", action="store_true",
                         help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow-cache arms")
-    parser.add_argument("--producer-rows", type=int, default=0, metavar="R",
-                        help="RADIXFLOW_PRODUCER_ROWS=R for the skip arms (radixflow, radixflow+frag); default 0")
+    parser.add_argument("--producer-rows", type=int, default=None, metavar="R",
+                        help="RADIXFLOW_PRODUCER_ROWS=R for the skip arms (radixflow, radixflow+frag); default: the "
+                             "arms' own (2); 0 = the paper's FCFS scan")
 
 
 def main(args: Any) -> int:
@@ -338,7 +343,7 @@ def main(args: Any) -> int:
         instances = [make_instance(n, args.questions, args.seed, (s, t)) for n in split(args.instances)]
     except ValueError as err:
         raise SystemExit(str(err)) from None
-    if args.producer_rows < 0:
+    if args.producer_rows is not None and args.producer_rows < 0:
         raise SystemExit(f"--producer-rows {args.producer_rows}: allowed: an integer >= 0")
     out = Path(args.out)
     run_replay(out, instances, arms, slot_wait=args.slot_wait, producer_rows=args.producer_rows)

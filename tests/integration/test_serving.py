@@ -138,6 +138,9 @@ def test_concurrent_batch_equals_sequential(servers: dict[str, SGLangServer]) ->
 def test_hybrid_reports_hybrid(arch: str, servers: dict[str, SGLangServer]) -> None:
     line = next(l for l in servers["radixflow"].log_text().splitlines() if REGISTERED_LINE in l)
     assert f"hybrid_ssm={arch in HYBRID_ARCHS}" in line
+    ours = next(l for l in servers["radixflow"].log_text().splitlines() if "sglang-radixflow: cache ready" in l)
+    # The effective configuration of `--radix-cache radixflow` alone: the radixflow arm's defaults.
+    assert "(arm=radixflow, traversal=skip, admission=flex, producer_rows=2," in ours
 
 
 def test_parallel_sampling_copies_reuse_the_prompt_and_equal_native(arch: str, servers: dict[str, SGLangServer]) -> None:

@@ -17,13 +17,16 @@ tokens; group b = 5 fragments, 4,600 tokens; the unrelated requests = 5 fragment
 D = 2. Why this order: group b sits behind four unrelated requests so that traversal's first round fills its 4 rows
 before reaching it. Every admitted fragment fits the remaining budget whole, so SGLang never chunks for budget and
 both arms run the same 15 fragments:
-- traversal:   [a0#p, u1, u2, u3] [a0 tail, a1, a2, a3] [u4, b0#p, u5] [b0 tail, b1, b2, b3] -> 4 rounds, 1 empty;
+- traversal:   [a0#p, u1, u2, u3] [a0 tail, a1, a2, a3] [u4, b0#p, u5] [b0 tail, b1, b2, b3] -> 4 rounds, 1 empty
+  (the paper's FCFS scan, RADIXFLOW_PRODUCER_ROWS=0; the default R = 2 packs differently, also 4 rounds, 1 empty);
 - prefix-stop: [a0#p] [a0 tail, a1, a2, a3] [u1..u4] [b0#p] [b0 tail, b1, b2, b3] [u5] -> 6 rounds, 9 empty
   (a Blocked a0 / a1 / b1 ends the scan, so u1 / u5 wait a round behind it).
 Native SGLang (reference) admits siblings together; each recomputes its document (the split document node has no
 state), budget-chunked: 17 fragments, 19,570 tokens, 6 rounds, 7 empty slots.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 from sglang_radixflow.bench.passes import HYBRID, PassHarness, RoundRecord, make_request
 from sglang_radixflow.bench.replay import (
@@ -36,9 +39,10 @@ from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 W, V, D = 12_970, 15, 2
 
 
-def run(arm: str) -> tuple[list[RoundRecord], Instance]:
+def run(arm: str, producer_rows: Optional[int] = None) -> tuple[list[RoundRecord], Instance]:
     instance = build_instance()
-    h = PassHarness(HYBRID, arm=arm, token_budget=T, rows=S, kv_size=16384, mamba_cache_size=64, max_context_len=4096)
+    h = PassHarness(HYBRID, arm=arm, token_budget=T, rows=S, kv_size=16384, mamba_cache_size=64, max_context_len=4096,
+                    producer_rows=producer_rows)
     h.submit(*(make_request(rid, p) for rid, p in instance.prompts.items()))
     rounds = h.run_rounds()
     h.assert_idle_invariants()  # leak-free: every slot back in the allocator or the tree
@@ -62,7 +66,7 @@ def prefix(rid: str) -> str:
 
 
 def test_traversal_reaches_the_lower_bound() -> None:
-    rounds, instance = run("radixflow")
+    rounds, instance = run("radixflow", producer_rows=0)  # the paper's FCFS scan, round by round
     assert [r.rids for r in rounds] == [
         [prefix("a0"), "u1", "u2", "u3"], ["a0", "a1", "a2", "a3"], ["u4", prefix("b0"), "u5"], ["b0", "b1", "b2", "b3"],
     ]
@@ -73,6 +77,18 @@ def test_traversal_reaches_the_lower_bound() -> None:
     assert empty_row_slots([r.rows for r in rounds], S) == 1
     # Consumers start from the document state the producer published one round earlier.
     assert rounds[1].fragment("a1").prefix_len == DOCS["a"] and rounds[3].fragment("b3").prefix_len == DOCS["b"]
+
+
+def test_the_default_arm_packs_the_same_fragments_into_the_lower_bound() -> None:
+    """The default radixflow arm (producer rows R = 2): after S - R = 2 unrelated requests the scan looks ahead and
+    admits b's producer in round 1; still the bound, 4 rounds with 1 empty slot, over the same 15 fragments."""
+    rounds, instance = run("radixflow")
+    paper, _ = run("radixflow", producer_rows=0)
+    assert [r.rids for r in rounds] != [r.rids for r in paper]  # the default really is not the FCFS order here
+    assert sorted(f for r in rounds for f in r.fragments) == sorted(f for r in paper for f in r.fragments)
+    assert all(r.rows <= S and r.tokens <= T for r in rounds)
+    assert dependency_depth(rounds, instance) == D
+    assert len(rounds) == 4 and empty_row_slots([r.rows for r in rounds], S) == 1
 
 
 def test_prefix_stop_takes_six_rounds_with_nine_empty_slots() -> None:
