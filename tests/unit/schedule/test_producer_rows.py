@@ -1,6 +1,6 @@
-"""Producer rows (RADIXFLOW_PRODUCER_ROWS = R, 2 by default; 0 is the paper's FCFS scan): in SGLang's real pass, once S - R rows went to Ready
-non-producers, further ones are passed over while the scan looks S requests ahead for producers, then offered again
-in the same pass. It may reorder admissions, never drop or delay one for nothing."""
+"""Producer rows (RADIXFLOW_PRODUCER_ROWS = R, 2 by default; 0 is the paper's FCFS scan): in SGLang's real pass,
+once S - R rows went to Ready non-producers, further ones are passed over while the scan looks S requests ahead for
+producers, then offered again in the same pass. It may reorder admissions, never drop or delay one for nothing."""
 from __future__ import annotations
 
 from typing import Any
