@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 from sglang_radixflow.bench.progress import Log
 from sglang_radixflow.bench.fragments import RoundRecord, read_rounds, write_rounds
 from sglang_radixflow.bench.workloads import STREAMS, WorkloadParams, make_workload, shared_prefixes
+from sglang_radixflow.config import ARMS
 from sglang_radixflow.schedule.bounds import empty_row_slots, first_round_bound, round_lower_bound
 from sglang_radixflow.schedule.prefix_request import split_prefix_rid
 
@@ -240,7 +241,7 @@ def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], sl
         inst_dir = out / inst.name
         inst_dir.mkdir(exist_ok=True)
         for arm in arms:
-            rows = producer_rows if arm.startswith("radixflow") else None  # the skip arms
+            rows = producer_rows if ARMS[arm].traversal == "skip" else None  # only the skip traversal reads it
             res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang", producer_rows=rows)
             entry["arms"][arm] = res.to_dict(inst.S)
             write_rounds(inst_dir / f"{arm}.rounds.jsonl", res.rounds)
@@ -324,12 +325,10 @@ def add_arguments(parser: Any) -> None:
                         help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow-cache arms")
     parser.add_argument("--producer-rows", type=int, default=None, metavar="R",
                         help="RADIXFLOW_PRODUCER_ROWS=R for the skip arms (radixflow, radixflow+frag); default: the "
-                             "arms' own (2); 0 = the paper's FCFS scan")
+                             f"arms' own ({ARMS['radixflow'].producer_rows}); 0 = the paper's FCFS scan")
 
 
 def main(args: Any) -> int:
-    from sglang_radixflow.config import ARMS
-
     split = lambda v: [x.strip() for x in v.split(",") if x.strip()]  # noqa: E731
     arms = split(args.arms)
     unknown = [a for a in arms if a not in ARMS]

@@ -316,7 +316,7 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 
 def _doc_scale_note(scale: Any) -> str:
     """Runs with shortened documents say so (runs before --doc-scale have no key: scale 1)."""
-    return "" if scale in (None, 1, 1.0) else f", lengths x{scale:g} of the default"
+    return "" if scale in (None, 1) else f", lengths x{scale:g} of the default"
 
 
 def _pct(x: Optional[float]) -> str:
