@@ -124,11 +124,18 @@ def trace_metrics(rounds: Sequence[dict[str, Any]], requests: Sequence[dict[str,
         "blocked_skips": sum(int(r.get("blocked_skips", 0)) for r in prefill),
         "avoidable_bubbles": sum(int(bool(r.get("avoidable_bubble", False))) for r in prefill),
         "producers": sum(int(r.get("producers", 0)) for r in prefill),
+        "adopted_producers": sum(int(r.get("adopted_producers", 0)) for r in prefill),
         "first_selection_wait_mean_s": mean(waits),
         "token_hit_tokens": sum(int(r.get("token_hit", 0)) for r in requests),
         "state_ready_hit_tokens": sum(int(r.get("state_hit", 0)) for r in requests),
         "request_records": len(requests),
     }
+
+
+def _adopted(extra: dict[str, Any]) -> str:
+    """The producers cell's suffix: in-flight requests adopted as producers, when any were."""
+    adopted = extra.get("adopted_producers")
+    return f" (+{adopted} adopted)" if adopted else ""
 
 
 def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefill: Sequence[dict[str, int]],
@@ -192,6 +199,7 @@ def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefil
             "trace_prefill_rounds": t.get("prefill_rounds"),
             "trace_by_kind": t.get("by_kind"),
             "producers": t.get("producers"),
+            "adopted_producers": t.get("adopted_producers"),  # in-flight requests adopted (schedule/state.py)
             "completion_span_s": span,
             "throughput_rps": _ratio(len(ok), span),
             "send_spread_ms_mean": mean(spreads),  # first to last sibling send, per question
@@ -388,7 +396,7 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
                 f"| {key.split('/', 1)[1]} | {_f(e.get('trace_rounds'))}"
                 f"{' ' + json.dumps(kinds) if kinds else ''} | {e.get('log_queue_max')} / "
                 f"{_f(e.get('log_queue_mean'), '{:.1f}')} | {_f(a['token_hit_tokens'])} | "
-                f"{_f(a['state_ready_hit_tokens'])} | {_f(e.get('producers'))} | {_f(a['round_lower_bound'])} | "
+                f"{_f(a['state_ready_hit_tokens'])} | {_f(e.get('producers'))}{_adopted(e)} | {_f(a['round_lower_bound'])} | "
                 f"{_f(a['latency_p99_s'])} | {_f(e.get('throughput_rps'), '{:.2f}')} | "
                 f"{_f(e.get('send_spread_ms_mean'), '{:.2f}')} / {_f(e.get('send_spread_ms_max'), '{:.2f}')} | "
                 f"{_f(e.get('loadavg_start'), '{:.1f}')} / {_f(e.get('loadavg_end'), '{:.1f}')} |"

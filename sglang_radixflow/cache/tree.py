@@ -128,6 +128,8 @@ class RadixFlowCache(UnifiedRadixCache):
     def checkpoint_into_tree(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         super().checkpoint_into_tree(req, up_to=up_to, **kwargs)
         sched = getattr(self, "rf_sched", None)
+        if sched is not None:
+            sched.on_landed(req)
         if sched is not None and sched.promises:
             sched.on_checkpoint(
                 req, up_to, lambda p: self.state_ready_len(p.namespace, p.tokens), self.rf_clock.last_launched()
@@ -137,6 +139,7 @@ class RadixFlowCache(UnifiedRadixCache):
         super().on_release(req, checkpointed=checkpointed)
         sched = getattr(self, "rf_sched", None)
         if sched is not None:
+            sched.on_landed(req)
             sched.on_release(req, self.rf_clock.last_launched())
         if self.rf_trace.active:
             self.rf_trace.write(

@@ -43,7 +43,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         # a few attribute reads on top of SGLang's own add_one_req.
         sched = self.tree_cache.rf_sched
         sched.note_examined()
-        if sched.promises and sched.blocking_promise(req) is not None:
+        if sched.may_block and sched.blocking_promise(req) is not None:
             sched.note_blocked(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE

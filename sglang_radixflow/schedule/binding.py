@@ -100,6 +100,8 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
     new_batch = result[0] if isinstance(result, tuple) else None
     if stats is not None and new_batch is not None:
         sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)
+    elif stats is not None:
+        sched.carry_empty_pass(stats)
     return result
 
 

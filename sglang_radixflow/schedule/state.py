@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional
 
-from sglang_radixflow.cache.promises import Promise, PromiseTable
+from sglang_radixflow.cache.promises import Promise, PromiseTable, as_tokens, common_prefix_with
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.observe.meta import note_admitted_meta
 from sglang_radixflow.observe.rounds import RoundRecorder
@@ -51,6 +51,7 @@ class PassStats:
     stopped_on_blocked: bool = False
     producers: int = 0
     prefix_requests: int = 0
+    adopted: int = 0  # in-flight requests adopted as producers (promises registered for them this pass)
     held: int = 0  # Ready non-producers passed over for producers behind them (producer_rows), then offered again
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
     admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
@@ -78,6 +79,7 @@ class SchedulingState:
         self._promises_reported = (0, 0, 0)  # promise counters at the last round record (promise_record)
         self._reasons_reported: dict[str, int] = {}  # cancel reasons at the last round record
         self._holds_reported = 0  # the gate's hold count at the last prefill-pass record
+        self._carried: dict[str, int] = {}  # counts of passes that admitted nothing, for the next pass record
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
@@ -99,6 +101,11 @@ class SchedulingState:
         self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
         self._scan_pos = 0  # queue position of the request the scan is on
         self._non_producers = 0
+        # Full attention: requests admitted by recent passes whose round's KV has not entered the tree yet, by sibling
+        # key (id -> (request, extend end, pass round)). Under SGLang's overlap scheduler a pass runs before the
+        # previous round's results are processed, so a sibling that arrived just after its producer's pass would
+        # recompute the prefix in flight; it adopts that request as its producer instead (`_adopt`).
+        self._unlanded: dict[tuple, dict[int, tuple[Any, int, int]]] = {}
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -131,6 +138,7 @@ class SchedulingState:
         self._index_fresh = False
         self._known_blocked = {}
         self._screened = []
+        self._forget_landed(round_id)
         self._mark_in_flight()
 
     def index_waiting(self, waiting: list[Any]) -> None:
@@ -240,22 +248,93 @@ class SchedulingState:
             self.current.screened += len(self._screened)
             self._screened.clear()
 
+    @property
+    def may_block(self) -> bool:
+        """Whether any request can be Blocked now (an open promise, or an in-flight request to adopt): the adder's
+        O(1) guard before `blocking_promise`."""
+        return bool(self.promises) or bool(self._unlanded)
+
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
-        if not self.active or not self.promises:
+        if not self.active or not (self.promises or self._unlanded):
             return None
         # A promise with b >= INDEX_PREFIX can block only a request whose first INDEX_PREFIX tokens are its own
         # (b <= key_limit < len(tokens), so such a request always has a sibling key, the table's head key).
-        candidates = self.promises.candidates(sibling_key(req))
-        if not candidates:
+        key = sibling_key(req)
+        candidates = self.promises.candidates(key)
+        in_flight = self._unlanded.get(key) if key is not None and self._unlanded else None
+        if not candidates and not in_flight:
             return None
         if getattr(req, DEFER_COUNT, 0) >= self.config.max_defer_rounds:
             return None  # bounded deferral: run from h
         tokens = request_tokens(req)
-        return self.promises.blocking(
-            namespace_of(req), tokens, int(req.prefix_len), key_limit(req, tokens), self.config.min_gain_tokens,
+        state_hit, limit = int(req.prefix_len), key_limit(req, tokens)
+        promise = self.promises.blocking(
+            namespace_of(req), tokens, state_hit, limit, self.config.min_gain_tokens,
             exclude_rid=str(req.rid), candidates=candidates,
+        ) if candidates else None
+        if promise is None and in_flight:
+            promise = self._adopt(req, tokens, state_hit, limit, in_flight)
+        return promise
+
+    # ---- adoption: in-flight requests as producers (full attention) ----
+    def _note_in_flight(self, req: Any) -> None:
+        """An admitted request's KV up to the end of this round's extend enters the tree when its results are
+        processed (`on_landed`); until then a waiting sibling may adopt it."""
+        if req.session is not None or req.skip_radix_cache_insert or req.multimodal_inputs is not None \
+                or req.input_embeds is not None:
+            return  # its KV lands elsewhere or not at all, or under keys other than its token ids
+        key = sibling_key(req)
+        if key is not None:
+            assert self.current is not None
+            self._unlanded.setdefault(key, {})[id(req)] = (req, int(req.extend_end), self.current.round_id)
+
+    def on_landed(self, req: Any) -> None:
+        """The request's KV entered the tree (checkpoint) or it left (release): nothing left to adopt."""
+        if self._unlanded:
+            key = sibling_key(req)
+            group = self._unlanded.get(key) if key is not None else None
+            if group is not None and group.pop(id(req), None) is not None and not group:
+                del self._unlanded[key]
+
+    def _forget_landed(self, round_id: int) -> None:
+        """Drop entries older than the previous pass: their round's results were processed under either event
+        loop, so whatever they will ever land is in the tree (or was evicted since: then nothing is coming)."""
+        if self._unlanded:
+            for key in [k for k, g in self._unlanded.items() if any(r < round_id - 1 for _, _, r in g.values())]:
+                group = {i: e for i, e in self._unlanded[key].items() if e[2] >= round_id - 1}
+                if group:
+                    self._unlanded[key] = group
+                else:
+                    del self._unlanded[key]
+
+    def _adopt(self, req: Any, tokens: Any, state_hit: int, limit: int, in_flight: dict[int, tuple[Any, int, int]]
+               ) -> Optional[Promise]:
+        """A promise for the in-flight request that will land the most of `req`'s useful prefix, past its hit by at
+        least min_gain: registered for that request's whole extend (a partial, full-attention promise serves every
+        later sibling its shared part too), published when its KV lands, cancelled if it is released first."""
+        head = as_tokens(tokens).tobytes()
+        need = state_hit + self.config.min_gain_tokens
+        best: Optional[tuple[Any, int]] = None
+        for other, end, _ in in_flight.values():
+            if other is req or end < need:
+                continue
+            shared = min(common_prefix_with(head, request_tokens(other)), end, limit)
+            shared -= shared % self.page_size
+            if shared >= need and (best is None or shared > best[1]):
+                best = (other, end)
+        if best is None:
+            return None
+        producer, end = best
+        self.on_landed(producer)  # from now on its promise stands for it
+        boundary = end - end % self.page_size
+        assert self.current is not None
+        promise = self.promises.register(
+            namespace_of(producer), request_tokens(producer)[:boundary], boundary, str(producer.rid),
+            self.current.round_id, partial=True, page_size=self.page_size,
         )
+        self.current.adopted += 1
+        return promise
 
     def note_blocked(self, req: Any, counter: str = DEFER_COUNT) -> None:
         """A Blocked verdict: count it on the request (its own bound) and in the pass."""
@@ -325,6 +404,8 @@ class SchedulingState:
         if entered > 0.0:
             current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
         note_admitted_meta(req, token_hit, state_hit)
+        if self.mode is PublishMode.KV:
+            self._note_in_flight(req)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return
@@ -388,25 +469,39 @@ class SchedulingState:
             if served >= need:
                 known[id(consumer)] = consumer
 
+    def carry_empty_pass(self, stats: PassStats) -> None:
+        """A pass that admitted nothing launches no round, so it has no record of its own (every request Blocked, e.g.
+        on an in-flight producer): its counts join the next pass record, with `empty_passes` saying how many."""
+        carried = self._carried
+        for name, value in (("blocked_skips", stats.blocked_skips), ("blocked_screened", stats.screened),
+                            ("fragment_skips", stats.fragment_skips), ("producer_holds", stats.held),
+                            ("adopted_producers", stats.adopted), ("empty_passes", 1)):
+            carried[name] = carried.get(name, 0) + value
+
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
                     ) -> dict[str, Any]:
-        """The prefill-pass half of a round record (see observe/rounds.py)."""
+        """The prefill-pass half of a round record (see observe/rounds.py), with the counts of the passes since the
+        previous record that admitted nothing (`carry_empty_pass`)."""
         bubble = (
             stats.stopped_on_blocked
             and len(stats.admitted_reqs) < row_budget
             and any(self.blocking_promise_unbounded(r) is None for r in waiting_after)
         )
         holds, self._holds_reported = self.gate.holds - self._holds_reported, self.gate.holds
-        return {
+        carried, self._carried = self._carried, {}
+        record = {
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
             "admission_holds": holds,  # scheduler steps that held arrivals since the previous pass record
             "blocked_skips": stats.blocked_skips, "blocked_screened": stats.screened,
             "fragment_skips": stats.fragment_skips, "producer_holds": stats.held, "deferred": len(waiting_after), "producers": stats.producers,
-            "prefix_requests": stats.prefix_requests,
+            "prefix_requests": stats.prefix_requests, "adopted_producers": stats.adopted,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,
             "state_hit_sum": stats.state_hit_sum, "admitted": [str(r.rid) for r in stats.admitted_reqs],
-            "first_selection_wait_s": stats.first_selection_wait_s,
+            "first_selection_wait_s": stats.first_selection_wait_s, "empty_passes": 0,
         }
+        for name, value in carried.items():
+            record[name] += value
+        return record
 
     def promise_record(self) -> dict[str, int]:
         """Promises open now, and registered / published / cancelled since the previous round record. Publication

@@ -202,6 +202,40 @@ def test_full_attention_control_consumers_wait_for_the_producers_kv(control_serv
     assert [o["output_ids"] for o in results["radixflow"]] == [o["output_ids"] for o in results["sglang"]]
 
 
+def test_a_sibling_sent_during_its_producers_round_waits_for_that_kv(
+    control_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Full attention runs SGLang's overlap scheduler: the pass after a request's round runs before that round's KV
+    lands, so a sibling arriving meanwhile would recompute the shared document (natively it does). With radixflow it
+    adopts the in-flight request as its producer, waits one round and hits the KV. prefix-stop (no admission hold,
+    which can catch the case by itself on an idle server); a 3000-token document keeps the first request in flight
+    for ~0.2 s, and three send gaps make sure at least one sibling lands in that window."""
+    trace = tmp_path / "radixflow.jsonl"
+    server = SGLangServer(str(model_dirs["qwen3"]), env={
+        "RADIXFLOW_ARM": "prefix-stop", "RADIXFLOW_TRACE": str(trace), "OMP_NUM_THREADS": "1"})
+    rng = random.Random(29)
+    server.start()
+    try:
+        for gap in (0.03, 0.06, 0.1):
+            doc = [rng.randrange(3, 2000) for _ in range(3000)]
+            first, second = doc + [5, 6, 7], doc + [8, 9, 10]
+            out: dict[str, dict] = {}
+            worker = threading.Thread(target=lambda: out.update(a=server.generate(first, 1)))
+            worker.start()
+            time.sleep(gap)
+            out["b"] = server.generate(second, 1)
+            worker.join(timeout=120)
+            assert [out[k]["meta_info"]["cached_tokens"] for k in "ab"] == [0, 3000], gap
+            native = control_servers["sglang"].generate(second, 1)
+            assert out["b"]["output_ids"] == native["output_ids"]
+        time.sleep(1.0)
+        assert LEAK not in server.log_text()
+    finally:
+        server.stop()
+    rounds = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round") >= 1
+
+
 def test_prometheus_exports_round_counters(control_servers: dict[str, SGLangServer]) -> None:
     cands, other = _workload(13)
     _batch(control_servers["radixflow"], cands + [other])
