@@ -470,8 +470,11 @@ class SchedulingState:
                 known[id(consumer)] = consumer
 
     def carry_empty_pass(self, stats: PassStats) -> None:
-        """A pass that admitted nothing launches no round, so it has no record of its own (every request Blocked, e.g.
-        on an in-flight producer): its counts join the next pass record, with `empty_passes` saying how many."""
+        """A pass that admitted nothing launches no round, so it has no record of its own: when it deferred requests
+        (every one Blocked, e.g. on an in-flight producer) its counts join the next pass record, with `empty_passes`
+        saying how many such passes there were. (Passes over an empty queue or a full batch count nothing.)"""
+        if not (stats.blocked_skips or stats.fragment_skips or stats.adopted or stats.held):
+            return
         carried = self._carried
         for name, value in (("blocked_skips", stats.blocked_skips), ("blocked_screened", stats.screened),
                             ("fragment_skips", stats.fragment_skips), ("producer_holds", stats.held),
