@@ -300,13 +300,11 @@ class SchedulingState:
     def _forget_landed(self, round_id: int) -> None:
         """Drop entries older than the previous pass: their round's results were processed under either event
         loop, so whatever they will ever land is in the tree (or was evicted since: then nothing is coming)."""
-        if self._unlanded:
-            for key in [k for k, g in self._unlanded.items() if any(r < round_id - 1 for _, _, r in g.values())]:
-                group = {i: e for i, e in self._unlanded[key].items() if e[2] >= round_id - 1}
-                if group:
-                    self._unlanded[key] = group
-                else:
-                    del self._unlanded[key]
+        for key, group in list(self._unlanded.items()):
+            for stale in [i for i, (_, _, admitted_in) in group.items() if admitted_in < round_id - 1]:
+                del group[stale]
+            if not group:
+                del self._unlanded[key]
 
     def _adopt(self, req: Any, tokens: Any, state_hit: int, limit: int, in_flight: dict[int, tuple[Any, int, int]]
                ) -> Optional[Promise]:
