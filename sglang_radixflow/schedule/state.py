@@ -402,7 +402,7 @@ class SchedulingState:
         if entered > 0.0:
             current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
         note_admitted_meta(req, token_hit, state_hit)
-        if self.mode is PublishMode.KV:
+        if self.mode is PublishMode.KV and self.traversal != "native":  # adoption is a Blocked verdict: traversal only
             self._note_in_flight(req)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
