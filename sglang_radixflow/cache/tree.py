@@ -130,16 +130,15 @@ class RadixFlowCache(UnifiedRadixCache):
         sched = getattr(self, "rf_sched", None)
         if sched is not None:
             sched.on_landed(req)
-        if sched is not None and sched.promises:
-            sched.on_checkpoint(
-                req, up_to, lambda p: self.state_ready_len(p.namespace, p.tokens), self.rf_clock.last_launched()
-            )
+            if sched.promises:
+                sched.on_checkpoint(
+                    req, up_to, lambda p: self.state_ready_len(p.namespace, p.tokens), self.rf_clock.last_launched()
+                )
 
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         super().on_release(req, checkpointed=checkpointed)
         sched = getattr(self, "rf_sched", None)
         if sched is not None:
-            sched.on_landed(req)
             sched.on_release(req, self.rf_clock.last_launched())
         if self.rf_trace.active:
             self.rf_trace.write(

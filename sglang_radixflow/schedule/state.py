@@ -543,4 +543,5 @@ class SchedulingState:
                 self.promises.cancel(promise, round_id, "passed the boundary without a state")
 
     def on_release(self, req: Any, round_id: int) -> None:
+        self.on_landed(req)  # gone: nothing of it left to adopt
         self.promises.cancel_producer(str(req.rid), round_id, "producer released before publishing")

@@ -25,7 +25,7 @@ def rids(reqs) -> list[str]:  # noqa: ANN001
     return [r.rid for r in reqs]
 
 
-def first_round_in_flight(components, arm: str = "radixflow", salt=None):  # noqa: ANN001, ANN201
+def first_round_in_flight(components, arm: str = "radixflow"):  # noqa: ANN001, ANN201
     """c0 arrives alone and is admitted (nothing to share with yet); its round is launched, not processed."""
     h = PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64)
     h.submit(candidate(0))
@@ -118,7 +118,6 @@ def test_a_released_request_in_flight_releases_its_adopters() -> None:
     h.submit(candidate(1))
     assert h.run_pass() == []
     # What the cache does when c0 is released before its results land (e.g. aborted): the promise is cancelled ...
-    h.cache.rf_sched.on_landed(c0)
     h.cache.rf_sched.on_release(c0, round_id=2)
     assert not list(h.cache.rf_sched.promises.open_promises())
     assert h.cache.rf_sched.promise_record()["promises_cancelled_reasons"] == {
