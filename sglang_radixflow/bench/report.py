@@ -322,6 +322,11 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
     return str(x)
 
 
+def _overlap_note(setting: str) -> str:
+    """Runs before the setting was recorded had SGLang's default: on, except for no_buffer hybrids."""
+    return "off (`--disable-overlap-schedule`)" if setting == "off" else "on (no_buffer hybrids: off, as SGLang requires)"
+
+
 def _doc_scale_note(scale: Any) -> str:
     """Runs with shortened documents say so (runs before --doc-scale have no key: scale 1)."""
     return "" if scale in (None, 1) else f", lengths x{scale:g} of the default"
@@ -359,7 +364,8 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
         f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
         f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
-        f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`; each question's branches are released "
+        f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
+        f"{_overlap_note(w.get('overlap_schedule', 'on'))}; each question's branches are released "
         "together by the client (see the sibling send spread).",
         "",
     ]

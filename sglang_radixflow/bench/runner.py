@@ -23,7 +23,9 @@ from sglang_radixflow.bench.frontend import (
     PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
 )
 from sglang_radixflow.bench.progress import Log, print_progress
-from sglang_radixflow.bench.server import HYBRID_STRATEGY_FLAGS, SGLangServer, check_hybrid_strategy, live_servers
+from sglang_radixflow.bench.server import (
+    HYBRID_STRATEGY_FLAGS, SGLangServer, check_hybrid_strategy, live_servers, on_cpu,
+)
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
 from sglang_radixflow.models import ARCHS, ensure_model
@@ -55,6 +57,7 @@ class BenchOptions:
     path: str = "raw"  # raw /generate requests, or SGLang's frontend: sgl.select / fork programs (bench/frontend.py)
     # hybrids: SGLang's mamba radix-cache strategy (bench/server.py): no_buffer, or extra_buffer (GPU default; Mamba-2)
     mamba_strategy: str = "no_buffer"
+    overlap_schedule: str = "auto"  # SGLang's overlap scheduler: auto (off on CPU, see overlap_off), on, off
 
     def __post_init__(self) -> None:
         if self.path not in PATHS:
@@ -75,8 +78,19 @@ class BenchOptions:
         if self.server_threads < 0:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
         check_hybrid_strategy(self.mamba_strategy, self.models)
+        if self.overlap_schedule not in OVERLAP_CHOICES:
+            raise ValueError(f"--overlap-schedule {self.overlap_schedule!r}; allowed: {', '.join(OVERLAP_CHOICES)}")
+
+    @property
+    def overlap_off(self) -> bool:
+        """Whether every server runs with --disable-overlap-schedule. `auto` turns it off on a CPU: SGLang's overlap
+        loop hides the host's scheduling behind device compute, and a CPU has no device to overlap with (its forward
+        runs synchronously in the scheduler's thread), so the loop only processes each round's results one round
+        late. No_buffer hybrids run without it anyway (SGLang requires that); `on` keeps SGLang's default."""
+        return self.overlap_schedule == "off" or (self.overlap_schedule == "auto" and on_cpu())
 
 
+OVERLAP_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
 
 
@@ -97,6 +111,8 @@ def budget_args(S: int, T: int, kv_tokens: int) -> list[str]:
 def make_server(model_path: Path, arm: str, S: int, T: int, opts: BenchOptions, log_path: Path,
                 trace_path: Optional[Path]) -> SGLangServer:
     args = budget_args(S, T, opts.kv_tokens) + list(opts.extra_server_args)
+    if opts.overlap_off:
+        args.append("--disable-overlap-schedule")  # a store_true flag: harmless where the hybrid flags add it too
     threads = {"OMP_NUM_THREADS": str(opts.server_threads)} if opts.server_threads > 0 else {}
     if arm == "sglang":  # SGLang's default cache: no radixflow code in the scheduling path, no trace
         return SGLangServer(str(model_path), radix_cache=None, extra_args=args, env=threads, log_path=log_path,
@@ -263,7 +279,7 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     (out / "workload.json").write_text(json.dumps({
         **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
         "quick": opts.quick, "server_threads": opts.server_threads, "hybrid_strategy": opts.mamba_strategy,
-        "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
+        "overlap_schedule": "off" if opts.overlap_off else "on", "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
 
@@ -324,7 +340,7 @@ def options_from_args(args: Any) -> BenchOptions:
         calibration_questions=args.calibration_questions, calibration_grid=parse_grid(args.calibration_grid),
         kv_tokens=args.kv_tokens,
         models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
-        mamba_strategy=args.hybrid_strategy,
+        mamba_strategy=args.hybrid_strategy, overlap_schedule=args.overlap_schedule,
     )
 
 
@@ -380,6 +396,10 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                         help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
                              "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
+    parser.add_argument("--overlap-schedule", choices=OVERLAP_CHOICES, default="auto",
+                        help="SGLang's overlap scheduler on every server: auto (default) turns it off on a CPU, where "
+                             "the forward runs in the scheduler's thread and overlap only delays each round's results "
+                             "by a round; on: SGLang's default (no_buffer hybrids still run without it); off")
     parser.add_argument("--server-threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")
 

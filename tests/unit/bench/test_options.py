@@ -124,3 +124,29 @@ def test_agent_arm_server_runs_the_hybrid_strategy_asked_for(tmp_path) -> None:
     assert "--disable-overlap-schedule" not in hybrid  # extra_buffer keeps SGLang's overlap scheduler
     assert hybrid[hybrid.index("--radix-eviction-policy") + 1] == "rr"
     assert "--mamba-radix-cache-strategy" not in command("qwen3")
+
+
+def test_overlap_schedule_option_reaches_every_arms_server(tmp_path, monkeypatch) -> None:
+    """`auto` (the default) runs every arm's server without SGLang's overlap loop on a CPU and keeps SGLang's default
+    on a GPU; `on` / `off` are taken as given. The setting is what the server's command line carries."""
+    import json
+
+    from sglang_radixflow.bench import runner
+    from sglang_radixflow.models import MARKER_FILE
+
+    model = tmp_path / "qwen3"
+    model.mkdir()
+    (model / MARKER_FILE).write_text(json.dumps({"arch": "qwen3"}))
+
+    def flags(argv: str, cpu: bool) -> dict[str, bool]:
+        monkeypatch.setattr(runner, "on_cpu", lambda: cpu)
+        opts = _opts(f"--out {tmp_path} --models qwen3 {argv}")
+        return {arm: "--disable-overlap-schedule" in runner.make_server(
+            model, arm, 8, 2048, opts, tmp_path / "log", None).command() for arm in ("sglang", "radixflow")}
+
+    assert flags("", cpu=True) == {"sglang": True, "radixflow": True}
+    assert flags("", cpu=False) == {"sglang": False, "radixflow": False}
+    assert flags("--overlap-schedule on", cpu=True) == {"sglang": False, "radixflow": False}
+    assert flags("--overlap-schedule off", cpu=False) == {"sglang": True, "radixflow": True}
+    with pytest.raises(ValueError, match="allowed: auto, on, off"):
+        runner.BenchOptions(out=tmp_path, workload=_opts("--out x").workload, overlap_schedule="sometimes")
