@@ -324,7 +324,9 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
 
 def _overlap_note(setting: str) -> str:
     """Runs before the setting was recorded had SGLang's default: on, except for no_buffer hybrids."""
-    return "off (`--disable-overlap-schedule`)" if setting == "off" else "on (no_buffer hybrids: off, as SGLang requires)"
+    if setting == "off":
+        return "off (`--disable-overlap-schedule`)"
+    return "on (no_buffer hybrids: off, as SGLang requires)"
 
 
 def _doc_scale_note(scale: Any) -> str:

@@ -279,7 +279,8 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     (out / "workload.json").write_text(json.dumps({
         **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
         "quick": opts.quick, "server_threads": opts.server_threads, "hybrid_strategy": opts.mamba_strategy,
-        "overlap_schedule": "off" if opts.overlap_off else "on", "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
+        "overlap_schedule": "off" if opts.overlap_off else "on",
+        "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
 
