@@ -25,8 +25,11 @@ from sglang_radixflow.bench.agent_workload import (
     RETURN_ORDERS, AgentParams, AgentWorkload, dispatch_times, live_counts, make_agent_workload,
 )
 from sglang_radixflow.bench.progress import Log, print_progress
-from sglang_radixflow.bench.report import mean, percentile, read_jsonl, trace_metrics, write_jsonl
-from sglang_radixflow.bench.server import HYBRID_STRATEGY_FLAGS, SGLangServer, check_hybrid_strategy, live_servers
+from sglang_radixflow.bench.report import mean, overlap_note, percentile, read_jsonl, trace_metrics, write_jsonl
+from sglang_radixflow.bench.server import (
+    HYBRID_STRATEGY_FLAGS, OVERLAP_CHOICES, SGLangServer, check_hybrid_strategy, check_overlap_schedule, live_servers,
+    overlap_off,
+)
 from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model
 
 POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
@@ -57,6 +60,7 @@ class AgentBenchOptions:
     request_timeout_s: float = 600.0
     server_threads: int = 1  # OMP_NUM_THREADS per server (see bench/runner.py)
     extra_server_args: tuple[str, ...] = ()
+    overlap_schedule: str = "auto"  # SGLang's overlap scheduler: auto (off on a CPU: server.overlap_off), on, off
 
     def __post_init__(self) -> None:
         bad = [p for p in self.policies if p not in POLICIES]
@@ -73,6 +77,11 @@ class AgentBenchOptions:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         check_hybrid_strategy(self.mamba_strategy, self.models)
+        check_overlap_schedule(self.overlap_schedule)
+
+    @property
+    def overlap_off(self) -> bool:
+        return overlap_off(self.overlap_schedule)
 
     def workloads(self) -> list[AgentWorkload]:
         return [make_agent_workload(replace(self.params, seed=self.params.seed + i)) for i in range(self.seeds)]
@@ -206,9 +215,11 @@ def arm_server(model_path: Path, arch: str, policy: str, params: AgentParams, op
                env: dict[str, str], log_path: Path) -> SGLangServer:
     """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy."""
     chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
+    args = server_args(policy, params, chunk) + list(opts.extra_server_args)
+    if opts.overlap_off:
+        args.append("--disable-overlap-schedule")  # a store_true flag: harmless where the hybrid flags add it too
     return SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=log_path,
-                        mamba_strategy=opts.mamba_strategy,
-                        extra_args=server_args(policy, params, chunk) + list(opts.extra_server_args))
+                        mamba_strategy=opts.mamba_strategy, extra_args=args)
 
 
 def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentWorkload], opts: AgentBenchOptions,
@@ -380,7 +391,8 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled), "
         f"{_return_order_text(w)}, {_timing_text(w)}. "
         f"Hybrids: `--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, prefills chunked at "
-        f"{w.get('hybrid_chunk', HYBRID_CHUNK)} tokens. "
+        f"{w.get('hybrid_chunk', HYBRID_CHUNK)} tokens. SGLang's overlap scheduler "
+        f"{overlap_note(w.get('overlap_schedule', 'on'))}. "
         f"Ideal RR: every idle trajectory keeps "
         f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
         f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
@@ -471,6 +483,7 @@ def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
     (opts.out / "workload.json").write_text(json.dumps(
         {"workload": {**workloads[0].describe(), "rr_block": opts.rr_block, "hybrid_chunk": opts.hybrid_chunk,
                       "hybrid_strategy": opts.mamba_strategy,
+                      "overlap_schedule": "off" if opts.overlap_off else "on",
                       "seeds": [w.params.seed for w in workloads]},
          "models": list(opts.models), "policies": list(opts.policies)}, indent=1))
     for arch in opts.models:
@@ -547,6 +560,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                    help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
                         "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
+    p.add_argument("--overlap-schedule", choices=OVERLAP_CHOICES, default="auto",
+                   help="SGLang's overlap scheduler on every server: auto (default) turns it off on a CPU, where "
+                        "the forward runs in the scheduler's thread and overlap only delays each round's results "
+                        "by a round; on: SGLang's default (no_buffer hybrids still run without it); off")
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 
@@ -568,7 +585,8 @@ def options_from_args(args: argparse.Namespace) -> AgentBenchOptions:
     return AgentBenchOptions(
         out=Path(args.out), params=params, models=tuple(m for m in args.models.split(",") if m),
         policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
-        rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, mamba_strategy=args.hybrid_strategy, seeds=args.seeds)
+        rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, mamba_strategy=args.hybrid_strategy, seeds=args.seeds,
+        overlap_schedule=args.overlap_schedule)
 
 
 def main(args: argparse.Namespace) -> int:

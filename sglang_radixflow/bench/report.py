@@ -322,7 +322,7 @@ def _f(x: Any, fmt: str = "{:.3f}") -> str:
     return str(x)
 
 
-def _overlap_note(setting: str) -> str:
+def overlap_note(setting: str) -> str:
     """Runs before the setting was recorded had SGLang's default: on, except for no_buffer hybrids."""
     if setting == "off":
         return "off (`--disable-overlap-schedule`)"
@@ -352,7 +352,7 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
     ideal = w.get("ideal_reuse_ratio")
     # Runs before the running set was widened to 2S used S (no key in their workload.json).
     k = int(w.get("max_running_per_row_budget") or 1)
-    running = f"{k}S, for the round still in flight under the overlap scheduler" if k > 1 else "S"
+    running = f"{k}S, room for a round still in flight when the overlap scheduler is on" if k > 1 else "S"
     lines = [
         "# Multi-candidate scoring bench",
         "",
@@ -367,7 +367,7 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
         f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
         f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
-        f"{_overlap_note(w.get('overlap_schedule', 'on'))}; each question's branches are released "
+        f"{overlap_note(w.get('overlap_schedule', 'on'))}; each question's branches are released "
         "together by the client (see the sibling send spread).",
         "",
     ]

@@ -24,7 +24,8 @@ from sglang_radixflow.bench.frontend import (
 )
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import (
-    HYBRID_STRATEGY_FLAGS, SGLangServer, check_hybrid_strategy, live_servers, on_cpu,
+    HYBRID_STRATEGY_FLAGS, OVERLAP_CHOICES, SGLangServer, check_hybrid_strategy, check_overlap_schedule, live_servers,
+    overlap_off,
 )
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
@@ -78,19 +79,14 @@ class BenchOptions:
         if self.server_threads < 0:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
         check_hybrid_strategy(self.mamba_strategy, self.models)
-        if self.overlap_schedule not in OVERLAP_CHOICES:
-            raise ValueError(f"--overlap-schedule {self.overlap_schedule!r}; allowed: {', '.join(OVERLAP_CHOICES)}")
+        check_overlap_schedule(self.overlap_schedule)
 
     @property
     def overlap_off(self) -> bool:
-        """Whether every server runs with --disable-overlap-schedule. `auto` turns it off on a CPU: SGLang's overlap
-        loop hides the host's scheduling behind device compute, and a CPU has no device to overlap with (its forward
-        runs synchronously in the scheduler's thread), so the loop only processes each round's results one round
-        late. No_buffer hybrids run without it anyway (SGLang requires that); `on` keeps SGLang's default."""
-        return self.overlap_schedule == "off" or (self.overlap_schedule == "auto" and on_cpu())
+        """Whether every server runs with --disable-overlap-schedule (server.overlap_off)."""
+        return overlap_off(self.overlap_schedule)
 
 
-OVERLAP_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
 
 

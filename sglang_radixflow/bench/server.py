@@ -52,6 +52,23 @@ def check_hybrid_strategy(strategy: str, models: Sequence[str], cpu: Optional[bo
                              "use no_buffer for those")
 
 
+# SGLang's overlap scheduler, per bench (--overlap-schedule): auto turns it off on a CPU (overlap_off), on / off as given.
+OVERLAP_CHOICES: tuple[str, ...] = ("auto", "on", "off")
+
+
+def check_overlap_schedule(setting: str) -> None:
+    if setting not in OVERLAP_CHOICES:
+        raise ValueError(f"--overlap-schedule {setting!r}; allowed: {', '.join(OVERLAP_CHOICES)}")
+
+
+def overlap_off(setting: str) -> bool:
+    """Whether a bench's servers run with --disable-overlap-schedule. `auto` turns it off on a CPU: SGLang's overlap
+    loop hides the host's scheduling behind device compute, and a CPU has no device to overlap with (its forward runs
+    synchronously in the scheduler's thread), so the loop only processes each round's results one round late.
+    No_buffer hybrids run without it anyway (SGLang requires that); `on` keeps SGLang's default."""
+    return setting == "off" or (setting == "auto" and on_cpu())
+
+
 def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
     flags = [*CPU_FLAGS, "--max-total-tokens", str(max_total_tokens)]
     if arch in HYBRID_ARCHS:

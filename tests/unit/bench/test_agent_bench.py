@@ -215,6 +215,42 @@ def test_cli_token_flags_reach_the_params_and_bad_values_name_the_flag(capsys: p
     assert "lower --first-tokens" in (agent.prompt_too_long(replace(AgentParams(), first_tokens=16000)) or "")
 
 
+def test_overlap_schedule_option_reaches_every_policys_server(tmp_path: Path, monkeypatch) -> None:
+    """As in the multi-candidate bench: `auto` (the default) runs every policy's server without SGLang's overlap loop
+    on a CPU and keeps SGLang's default on a GPU; `on` / `off` are taken as given; workload.json records it."""
+    from sglang_radixflow.bench import server
+    from sglang_radixflow.models import MARKER_FILE
+
+    model = tmp_path / "qwen3-model"
+    model.mkdir()
+    (model / MARKER_FILE).write_text(json.dumps({"arch": "qwen3"}))
+    parser = argparse.ArgumentParser()
+    agent.add_arguments(parser)
+
+    def flags(argv: list[str], cpu: bool) -> dict[str, bool]:
+        monkeypatch.setattr(server, "on_cpu", lambda: cpu)
+        opts = agent.options_from_args(parser.parse_args(["--out", str(tmp_path), "--models", "qwen3", *argv]))
+        return {pol: "--disable-overlap-schedule" in agent.arm_server(
+            model, "qwen3", pol, opts.params, opts, {}, tmp_path / "log").command() for pol in ("lru", "rr")}
+
+    assert flags([], cpu=True) == {"lru": True, "rr": True}
+    assert flags([], cpu=False) == {"lru": False, "rr": False}
+    assert flags(["--overlap-schedule", "on"], cpu=True) == {"lru": False, "rr": False}
+    assert flags(["--overlap-schedule", "off"], cpu=False) == {"lru": True, "rr": True}
+    with pytest.raises(ValueError, match="allowed: auto, on, off"):
+        agent.AgentBenchOptions(out=tmp_path, params=AgentParams(), overlap_schedule="sometimes")
+    w = make_agent_workload(AgentParams(**agent.QUICK))
+    (tmp_path / "workload.json").write_text(json.dumps(
+        {"workload": {**w.describe(), "overlap_schedule": "off"}, "models": ["qwen3"], "policies": ["lru"]}))
+    for pol in ("lru",):
+        d = tmp_path / "qwen3" / pol
+        d.mkdir(parents=True)
+        write_jsonl(d / "requests.jsonl", _records(pol))
+        (d / "meta.json").write_text(json.dumps({"wall_s": 1.0, "first_round": -1, "idle_leak_reported": False}))
+    agent.write_report(tmp_path)
+    assert "overlap scheduler off (`--disable-overlap-schedule`)" in (tmp_path / "report.md").read_text()
+
+
 def test_open_loop_dispatch_instants_are_seeded_poisson_and_the_schedule_is_unchanged() -> None:
     closed = AgentParams(**agent.QUICK)
     paced = replace(closed, mean_gap_ms=200.0)

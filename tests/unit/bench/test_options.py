@@ -112,7 +112,8 @@ def test_agent_arm_server_runs_the_hybrid_strategy_asked_for(tmp_path) -> None:
         models[arch].mkdir()
         (models[arch] / MARKER_FILE).write_text(json.dumps({"arch": arch}))
     params = AgentParams(**agent.QUICK)
-    opts = agent.AgentBenchOptions(out=tmp_path, params=params, mamba_strategy="extra_buffer")
+    # overlap as SGLang has it: only the hybrid strategy's own flags are checked here (auto: see test_agent_bench)
+    opts = agent.AgentBenchOptions(out=tmp_path, params=params, mamba_strategy="extra_buffer", overlap_schedule="on")
 
     def command(arch: str) -> list[str]:
         server = agent.arm_server(models[arch], arch, "rr", params, opts, {}, tmp_path / "log")
@@ -131,7 +132,7 @@ def test_overlap_schedule_option_reaches_every_arms_server(tmp_path, monkeypatch
     on a GPU; `on` / `off` are taken as given. The setting is what the server's command line carries."""
     import json
 
-    from sglang_radixflow.bench import runner
+    from sglang_radixflow.bench import runner, server
     from sglang_radixflow.models import MARKER_FILE
 
     model = tmp_path / "qwen3"
@@ -139,7 +140,7 @@ def test_overlap_schedule_option_reaches_every_arms_server(tmp_path, monkeypatch
     (model / MARKER_FILE).write_text(json.dumps({"arch": "qwen3"}))
 
     def flags(argv: str, cpu: bool) -> dict[str, bool]:
-        monkeypatch.setattr(runner, "on_cpu", lambda: cpu)
+        monkeypatch.setattr(server, "on_cpu", lambda: cpu)
         opts = _opts(f"--out {tmp_path} --models qwen3 {argv}")
         return {arm: "--disable-overlap-schedule" in runner.make_server(
             model, arm, 8, 2048, opts, tmp_path / "log", None).command() for arm in ("sglang", "radixflow")}

@@ -73,7 +73,7 @@ def test_report_states_the_running_set_the_run_used(run_dir: Path) -> None:  # n
     saved = json.loads(path.read_text())
     path.write_text(json.dumps({**saved, "max_running_per_row_budget": 2}))
     assert cli.main(["report", str(run_dir)]) == 0
-    assert "`--max-running-requests` 2S, for the round still in flight" in (run_dir / "report.md").read_text()
+    assert "`--max-running-requests` 2S, room for a round still in flight" in (run_dir / "report.md").read_text()
     path.write_text(json.dumps({k: v for k, v in saved.items() if k != "max_running_per_row_budget"}))
     assert cli.main(["report", str(run_dir)]) == 0
     assert "`--max-running-requests` S)" in (run_dir / "report.md").read_text()
