@@ -27,8 +27,8 @@ from sglang_radixflow.bench.agent_workload import (
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, overlap_note, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import (
-    HYBRID_STRATEGY_FLAGS, OVERLAP_CHOICES, SGLangServer, check_hybrid_strategy, check_overlap_schedule, live_servers,
-    overlap_off,
+    HYBRID_STRATEGY_FLAGS, SGLangServer, add_overlap_argument, check_hybrid_strategy, check_overlap_schedule,
+    live_servers, overlap_flags, overlap_off,
 )
 from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model
 
@@ -215,9 +215,7 @@ def arm_server(model_path: Path, arch: str, policy: str, params: AgentParams, op
                env: dict[str, str], log_path: Path) -> SGLangServer:
     """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy."""
     chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
-    args = server_args(policy, params, chunk) + list(opts.extra_server_args)
-    if opts.overlap_off:
-        args.append("--disable-overlap-schedule")  # a store_true flag: harmless where the hybrid flags add it too
+    args = server_args(policy, params, chunk) + list(opts.extra_server_args) + overlap_flags(opts.overlap_schedule)
     return SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=log_path,
                         mamba_strategy=opts.mamba_strategy, extra_args=args)
 
@@ -560,10 +558,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                    help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
                         "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
-    p.add_argument("--overlap-schedule", choices=OVERLAP_CHOICES, default="auto",
-                   help="SGLang's overlap scheduler on every server: auto (default) turns it off on a CPU, where "
-                        "the forward runs in the scheduler's thread and overlap only delays each round's results "
-                        "by a round; on: SGLang's default (no_buffer hybrids still run without it); off")
+    add_overlap_argument(p)
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 

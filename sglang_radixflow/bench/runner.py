@@ -24,8 +24,8 @@ from sglang_radixflow.bench.frontend import (
 )
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import (
-    HYBRID_STRATEGY_FLAGS, OVERLAP_CHOICES, SGLangServer, check_hybrid_strategy, check_overlap_schedule, live_servers,
-    overlap_off,
+    HYBRID_STRATEGY_FLAGS, SGLangServer, add_overlap_argument, check_hybrid_strategy, check_overlap_schedule,
+    live_servers, overlap_flags, overlap_off,
 )
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
@@ -106,9 +106,7 @@ def budget_args(S: int, T: int, kv_tokens: int) -> list[str]:
 
 def make_server(model_path: Path, arm: str, S: int, T: int, opts: BenchOptions, log_path: Path,
                 trace_path: Optional[Path]) -> SGLangServer:
-    args = budget_args(S, T, opts.kv_tokens) + list(opts.extra_server_args)
-    if opts.overlap_off:
-        args.append("--disable-overlap-schedule")  # a store_true flag: harmless where the hybrid flags add it too
+    args = budget_args(S, T, opts.kv_tokens) + list(opts.extra_server_args) + overlap_flags(opts.overlap_schedule)
     threads = {"OMP_NUM_THREADS": str(opts.server_threads)} if opts.server_threads > 0 else {}
     if arm == "sglang":  # SGLang's default cache: no radixflow code in the scheduling path, no trace
         return SGLangServer(str(model_path), radix_cache=None, extra_args=args, env=threads, log_path=log_path,
@@ -393,10 +391,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                         help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
                              "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
-    parser.add_argument("--overlap-schedule", choices=OVERLAP_CHOICES, default="auto",
-                        help="SGLang's overlap scheduler on every server: auto (default) turns it off on a CPU, where "
-                             "the forward runs in the scheduler's thread and overlap only delays each round's results "
-                             "by a round; on: SGLang's default (no_buffer hybrids still run without it); off")
+    add_overlap_argument(parser)
     parser.add_argument("--server-threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")
 

@@ -69,6 +69,18 @@ def overlap_off(setting: str) -> bool:
     return setting == "off" or (setting == "auto" and on_cpu())
 
 
+def overlap_flags(setting: str) -> list[str]:
+    """The server flags for a bench's setting (a store_true flag: harmless where the hybrid flags add it too)."""
+    return ["--disable-overlap-schedule"] if overlap_off(setting) else []
+
+
+def add_overlap_argument(parser: Any) -> None:
+    parser.add_argument("--overlap-schedule", choices=OVERLAP_CHOICES, default="auto",
+                        help="SGLang's overlap scheduler on every server: auto (default) turns it off on a CPU, where "
+                             "the forward runs in the scheduler's thread and overlap only delays each round's results "
+                             "by a round; on: SGLang's default (no_buffer hybrids still run without it); off")
+
+
 def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
     flags = [*CPU_FLAGS, "--max-total-tokens", str(max_total_tokens)]
     if arch in HYBRID_ARCHS:
