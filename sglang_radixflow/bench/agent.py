@@ -27,8 +27,8 @@ from sglang_radixflow.bench.agent_workload import (
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.report import mean, overlap_note, percentile, read_jsonl, trace_metrics, write_jsonl
 from sglang_radixflow.bench.server import (
-    HYBRID_STRATEGY_FLAGS, SGLangServer, add_overlap_argument, check_hybrid_strategy, check_overlap_schedule,
-    live_servers, overlap_flags, overlap_off,
+    HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
+    check_overlap_schedule, live_servers, overlap_flags, overlap_off,
 )
 from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model
 
@@ -556,8 +556,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--chunked-prefill-size on hybrid models, for every policy "
                         "(a no_buffer hybrid keeps a state per chunk)")
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
-                   help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
-                        "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
+                   help=HYBRID_STRATEGY_HELP)
     add_overlap_argument(p)
     p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 

@@ -24,8 +24,8 @@ from sglang_radixflow.bench.frontend import (
 )
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import (
-    HYBRID_STRATEGY_FLAGS, SGLangServer, add_overlap_argument, check_hybrid_strategy, check_overlap_schedule,
-    live_servers, overlap_flags, overlap_off,
+    HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
+    check_overlap_schedule, live_servers, overlap_flags, overlap_off,
 )
 from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
 from sglang_radixflow.config import ARMS
@@ -389,8 +389,7 @@ def add_arguments(parser: Any) -> None:
                         help="raw: /generate per branch; select / fork: one sgl.function program per question "
                              "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint")
     parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
-                        help="hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (overlap off), or "
-                             "extra_buffer (SGLang's GPU default, overlap on; Mamba-2 models only)")
+                        help=HYBRID_STRATEGY_HELP)
     add_overlap_argument(parser)
     parser.add_argument("--server-threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")

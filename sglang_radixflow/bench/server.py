@@ -35,6 +35,11 @@ HYBRID_STRATEGY_FLAGS: dict[str, tuple[str, ...]] = {
     "no_buffer": ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"),
     "extra_buffer": ("--mamba-radix-cache-strategy", "extra_buffer"),
 }
+HYBRID_STRATEGY_HELP = (
+    "hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (SGLang requires overlap off), or "
+    "extra_buffer (SGLang's GPU default, which runs the overlap scheduler where --overlap-schedule keeps it; Mamba-2 "
+    "models only)"
+)
 HYBRID_CPU_FLAGS: tuple[str, ...] = ("--max-mamba-cache-size", "256")
 EXTRA_BUFFER_CPU_MODELS = frozenset({"nemotron_h"})  # tiny hybrids whose CPU runtime tracks states (Mamba-2)
 
@@ -52,7 +57,7 @@ def check_hybrid_strategy(strategy: str, models: Sequence[str], cpu: Optional[bo
                              "use no_buffer for those")
 
 
-# SGLang's overlap scheduler, per bench (--overlap-schedule): auto turns it off on a CPU (overlap_off), on / off as given.
+# SGLang's overlap scheduler, per bench (--overlap-schedule): auto turns it off on a CPU (overlap_off); on, off.
 OVERLAP_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 
 
