@@ -40,6 +40,18 @@ def _batch(
     return server.post("/generate", payload)
 
 
+def _log_with(server: SGLangServer, *lines: str, timeout_s: float = 10.0) -> str:
+    """The server's log once it holds every one of `lines` (or at the timeout). SGLang 0.5.23 logs a prefill batch
+    after streaming its outputs (batch_result_processor: stream_output, then report_prefill_stats), so a response can
+    reach the client before the log line of its last round is written."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        log = server.log_text()
+        if all(line in log for line in lines) or time.monotonic() > deadline:
+            return log
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("trace") / "radixflow.jsonl"
@@ -85,9 +97,11 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
     assert meta == [([DOC_LEN], [DOC_LEN])] * 4 + [([0], [0])]
     # SGLang's scheduler log: the document (the producer's prefix request) shared its round with the unrelated
     # request; the next round ran the four candidates from it.
-    log = hybrid_servers["radixflow"].log_text()
-    assert f"#new-seq: 2, #new-token: {DOC_LEN + 300}, #cached-token: 0" in log
-    assert f"#new-seq: 4, #new-token: 80, #cached-token: {4 * DOC_LEN}" in log
+    rounds = (f"#new-seq: 2, #new-token: {DOC_LEN + 300}, #cached-token: 0",
+              f"#new-seq: 4, #new-token: 80, #cached-token: {4 * DOC_LEN}")
+    log = _log_with(hybrid_servers["radixflow"], *rounds)
+    for line in rounds:
+        assert line in log
 
 
 def test_aborted_producer_releases_consumers_and_nothing_leaks(hybrid_servers: dict[str, SGLangServer]) -> None:
