@@ -24,7 +24,6 @@ from typing import Any, Callable, Optional, Sequence
 from sglang_radixflow.bench.client import Completions
 from sglang_radixflow.bench.workloads import CANDIDATES, Workload, shared_prefixes
 
-PATHS: tuple[str, ...] = ("raw", "select", "fork")
 FRONTEND_PATHS: tuple[str, ...] = ("select", "fork")
 _WORD = re.compile(r"Ġ[a-z]+")  # byte-level BPE: "Ġ" is the leading space
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from sglang_radixflow.bench.client import first_token_agreement
+from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 
 BASELINE_ARM = "sglang"  # first-token agreement
 COST_BASELINE_ARM = "prefix-stop"  # cost identity (needs a trace)
@@ -145,9 +146,11 @@ def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefil
     ok = [r for r in requests if not r.get("error")]
     lat = [float(r["latency_s"]) for r in ok]
     prompt = sum(int(r["prompt_len"]) for r in requests)
-    cached = sum(int(r.get("cached_tokens") or 0) for r in ok)
+    # The score path's endpoint reports no cached tokens (None): no client reuse, and chunk depth counts one round.
+    known = [r for r in ok if r.get("cached_tokens") is not None]
+    cached = sum(int(r["cached_tokens"]) for r in known)
     lm = log_metrics(prefill)
-    depth = max((math.ceil((int(r["prompt_len"]) - int(r.get("cached_tokens") or 0)) / T) for r in ok), default=0)
+    depth = max((math.ceil((int(r["prompt_len"]) - int(r["cached_tokens"])) / T) for r in known), default=1)
     bound = max(math.ceil(lm["tokens"] / T), math.ceil(lm["rows"] / S), depth) if prefill else None
     t = trace or {}
     agreement = (
@@ -173,7 +176,7 @@ def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefil
         "latency_p95_s": percentile(lat, 95),
         "latency_p99_s": percentile(lat, 99),
         "first_selection_wait_mean_s": t.get("first_selection_wait_mean_s"),
-        "reuse_ratio": _ratio(cached, prompt),
+        "reuse_ratio": _ratio(cached, prompt) if known else None,
         "token_hit_tokens": t.get("token_hit_tokens"),
         "state_ready_hit_tokens": t.get("state_ready_hit_tokens"),
         "blocked_skips": t.get("blocked_skips"),
@@ -223,8 +226,10 @@ def cost_identity(base: dict[str, Any], arm: dict[str, Any], baseline_key: str) 
 
 # ---------------------------------------------------------------- whole run
 
-def load_arm(out: Path, model: str, arm: str) -> dict[str, Any]:
-    """Everything saved for one arm, filtered to the workload (warm-up excluded)."""
+def load_arm(out: Path, model: str, arm: str, path: str = "raw") -> dict[str, Any]:
+    """Everything saved for one arm, filtered to the workload (warm-up excluded). On the score path SGLang names the
+    requests itself: the trace's request records of the workload are those released after the warm-up's last round,
+    less health checks and radixflow's prefix requests."""
     base = out / model
     run = json.loads((base / f"{arm}.run.json").read_text())
     requests = read_jsonl(base / f"{arm}.requests.jsonl")
@@ -236,7 +241,11 @@ def load_arm(out: Path, model: str, arm: str) -> dict[str, Any]:
         first = int(run.get("warmup_last_round", -1))
         rids = {r["rid"] for r in requests}
         rounds = [r for r in records if r.get("kind") == "round" and int(r["round"]) > first]
-        reqs = [r for r in records if r.get("kind") == "request" and r.get("rid") in rids]
+        if path == "score":
+            reqs = [r for r in records if r.get("kind") == "request" and int(r.get("round", -1)) > first
+                    and not str(r.get("rid")).startswith("HEALTH_CHECK") and PREFIX_RID_MARK not in str(r.get("rid"))]
+        else:
+            reqs = [r for r in records if r.get("kind") == "request" and r.get("rid") in rids]
         trace = trace_metrics(rounds, reqs)
     questions = read_jsonl(base / f"{arm}.questions.jsonl")  # frontend paths only
     return {"run": run, "requests": requests, "prefill": prefill, "trace": trace, "questions": questions}
@@ -269,7 +278,7 @@ def load_run(out: Path) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str,
     loaded: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(out.glob("*/*.run.json")):
         run = json.loads(path.read_text())
-        loaded[(run["model"], run["arm"])] = load_arm(out, run["model"], run["arm"])
+        loaded[(run["model"], run["arm"])] = load_arm(out, run["model"], run["arm"], workload.get("path", "raw"))
     if not loaded:
         raise FileNotFoundError(f"{out}: no <model>/<arm>.run.json (not a multi-candidate bench directory?)")
     order = {m: i for i, m in enumerate(workload.get("models", []))}
@@ -371,6 +380,14 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         "together by the client (see the sibling send spread).",
         "",
     ]
+    if w.get("path") == "score":
+        lines += [
+            "Path `score`: one call of SGLang's `/v1/score` per question (query = document + question, items = its 4 "
+            "candidates, two label tokens), which SGLang sends on as one request per item. Each item is a request of "
+            "the tables below with its question's latency; the endpoint reports no cached tokens, so client reuse is "
+            "— and computed reuse is the measure; first-token agreement compares each item's best label.",
+            "",
+        ]
     models = []
     for key, a in summary["arms"].items():
         if a["model"] not in models:

@@ -20,14 +20,17 @@ from typing import Any, Callable, Optional, Sequence
 from sglang_radixflow.bench import report
 from sglang_radixflow.bench.client import OpenLoopClient, RequestRecord, post_generate
 from sglang_radixflow.bench.frontend import (
-    PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
+    FRONTEND_PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
 )
+from sglang_radixflow.bench.score import ScoreClient
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import (
     HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
     check_overlap_schedule, live_servers, overlap_flags, overlap_off,
 )
-from sglang_radixflow.bench.workloads import Request, WorkloadParams, held_out, make_workload, warmup_prompts
+from sglang_radixflow.bench.workloads import (
+    Question, Request, WorkloadParams, held_out, make_workload, warmup_prompts,
+)
 from sglang_radixflow.config import ARMS
 from sglang_radixflow.models import ARCHS, ensure_model
 
@@ -36,6 +39,9 @@ DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 # S mirrors the paper's Nemotron S = 16; T is its 8192 scaled like the QuALITY documents (x 0.25).
 QUICK_BUDGETS: tuple[int, int] = (16, 2048)
 CALIBRATION_GRID: tuple[tuple[int, int], ...] = ((8, 2048), (16, 2048), (16, 4096), (32, 4096))
+# How a question reaches the server: raw /generate per branch, an SGLang frontend program (bench/frontend.py), or one
+# call of SGLang's scoring endpoint (bench/score.py).
+PATHS: tuple[str, ...] = ("raw", *FRONTEND_PATHS, "score")
 
 @dataclass(frozen=True)
 class BenchOptions:
@@ -55,7 +61,7 @@ class BenchOptions:
     # ones do not, and every arm gets the same setting.
     server_threads: int = 1
     extra_server_args: tuple[str, ...] = field(default_factory=tuple)
-    path: str = "raw"  # raw /generate requests, or SGLang's frontend: sgl.select / fork programs (bench/frontend.py)
+    path: str = "raw"  # one of PATHS
     # hybrids: SGLang's mamba radix-cache strategy (bench/server.py): no_buffer, or extra_buffer (GPU default; Mamba-2)
     mamba_strategy: str = "no_buffer"
     overlap_schedule: str = "auto"  # SGLang's overlap scheduler: auto (off on CPU, see overlap_off), on, off
@@ -154,9 +160,10 @@ SETTLE_S = 1.0  # SGLang writes a batch's log line after streaming its outputs: 
 
 def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request], S: int, T: int, opts: BenchOptions,
             out_dir: Path, log: Log = print_progress, traced: bool = True,
-            questions: Optional[Sequence[TextQuestion]] = None) -> list[dict[str, Any]]:
+            questions: Optional[Sequence[TextQuestion | Question]] = None) -> list[dict[str, Any]]:
     """One fresh server, warm-up, the workload, stop. Writes <arm>.{server.log,trace.jsonl,requests.jsonl,run.json}
-    (+ <arm>.questions.jsonl on a frontend path, where `questions` are the programs' inputs)."""
+    (+ <arm>.questions.jsonl on a frontend path). `questions`: None sends `requests` raw (also calibration's way);
+    otherwise the programs' inputs of a frontend path, or the workload's questions on the score path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / f"{arm}.server.log"
     trace_path = out_dir / f"{arm}.trace.jsonl" if traced and arm != "sglang" else None
@@ -183,6 +190,10 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
             log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
             client = OpenLoopClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
             records = [r.to_dict() for r in client.run(requests)]
+        elif opts.path == "score":
+            log(f"[{tag}] sending {len(questions)} /v1/score calls (4 items each, open loop)")
+            scorer = ScoreClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
+            records = [r.to_dict() for r in scorer.run(questions)]
         else:
             log(f"[{tag}] running {len(questions)} sgl.function programs ({opts.path} path, open loop)")
             fe = FrontendClient(server.url, opts.path, on_done=_progress(tag, log, len(questions)),
@@ -266,7 +277,7 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
         f"order {desc['order']}, {desc['rate']} questions/s, seed {desc['seed']}, {desc['documents']} documents, "
         f"ideal reuse ratio {desc['ideal_reuse_ratio']:.4f}")
     frontend: dict[str, Any] = {"path": opts.path}
-    if opts.path != "raw":
+    if opts.path in FRONTEND_PATHS:
         frontend.update(frontend_workload(workload, ensure_model(opts.models[0], opts.models_root)))
         log(f"frontend path {opts.path}: {frontend['text_mapping']}; ideal reuse of the choice requests "
             f"{frontend['ideal_reuse_ratio']:.4f}")
@@ -292,7 +303,11 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     t0 = time.perf_counter()
     for model in opts.models:
         model_path = ensure_model(model, opts.models_root)
-        questions = text_questions(workload, word_lexicon(model_path)) if opts.path != "raw" else None
+        questions: Optional[Sequence[TextQuestion | Question]] = None
+        if opts.path in FRONTEND_PATHS:
+            questions = text_questions(workload, word_lexicon(model_path))
+        elif opts.path == "score":
+            questions = workload.questions
         for arm in opts.arms:
             run_arm(model, model_path, arm, requests, S, T, opts, out / model, log, questions=questions)
     leftover = live_servers()
@@ -387,7 +402,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--models-root", default="runs/models", help="where tiny models are made/reused")
     parser.add_argument("--path", choices=PATHS, default="raw",
                         help="raw: /generate per branch; select / fork: one sgl.function program per question "
-                             "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint")
+                             "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint; score: one "
+                             "call of SGLang's /v1/score per question (query = document + question, items = the "
+                             "candidates)")
     parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                         help=HYBRID_STRATEGY_HELP)
     add_overlap_argument(parser)

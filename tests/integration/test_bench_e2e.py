@@ -1,6 +1,6 @@
-"""Short benches on real servers: multi-candidate (tiny NemotronH, 3 questions, 2 arms) and its frontend select path,
-summary.json per the contract, report + figures, `radixflow report` rebuilding the same summary from the files; and
-the agent bench (lru vs rr)."""
+"""Short benches on real servers: multi-candidate (tiny NemotronH, 3 questions, 2 arms), its frontend select path and
+its /v1/score path, summary.json per the contract, report + figures, `radixflow report` rebuilding the same summary
+from the files; and the agent bench (lru vs rr)."""
 from __future__ import annotations
 
 import json
@@ -75,6 +75,21 @@ def test_frontend_select_path(tmp_path: Path, model_dirs: dict[str, Path]) -> No
     questions = [json.loads(line) for line in (out / "nemotron_h" / "radixflow.questions.jsonl").read_text().splitlines()]
     assert all(q["decision"] is not None and len(q["choice_cached_tokens"]) == 4 for q in questions)
     assert "## Frontend path (`select`" in (out / "report.md").read_text()
+
+
+def test_score_path(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
+    """`--path score`: one /v1/score call per question. Natively the hybrid computes the shared document once per
+    item; under radixflow one item produces it and the others start from its state, with the same best labels."""
+    out = tmp_path / "score"
+    summary = run_bench(_options(out, ("sglang", "radixflow"), path="score"), log=lambda msg: None)
+    native, ours = summary["arms"]["nemotron_h/sglang"], summary["arms"]["nemotron_h/radixflow"]
+    for arm in (native, ours):
+        assert (arm["requests"], arm["completed"], arm["errors"]) == (12, 12, 0)
+        assert arm["reuse_ratio"] is None  # the endpoint reports no cached tokens
+    assert native["extra"]["computed_reuse_ratio"] < 0.5 < ours["extra"]["computed_reuse_ratio"]
+    assert ours["state_ready_hit_tokens"] > 0  # the trace's records of SGLang-named requests are found
+    assert ours["first_token_agreement"] == 1.0  # every item's best label equals native's
+    assert "Path `score`" in (out / "report.md").read_text()
 
 
 def test_agent_bench_rr_spreads_the_misses_lru_concentrates(tmp_path: Path, model_dirs: dict[str, Path]) -> None:

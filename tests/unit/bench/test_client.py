@@ -1,23 +1,21 @@
 """Open-loop client against a stub HTTP server (no SGLang): records, sibling release, errors, agreement."""
 from __future__ import annotations
 
-import json
 import time
-from http.server import BaseHTTPRequestHandler
 from typing import Iterator
 
 import pytest
 
 from sglang_radixflow.bench.client import OpenLoopClient, first_token_agreement
 from sglang_radixflow.bench.workloads import WorkloadParams, make_workload
-from tests.unit.bench.http_stub import serve
+from tests.unit.bench.http_stub import JsonHandler, serve
 
 
-class _Stub(BaseHTTPRequestHandler):
+class _Stub(JsonHandler):
     arrivals: list[tuple[str, float]] = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.read_json()
         _Stub.arrivals.append((body["rid"], time.perf_counter()))
         if body["rid"].endswith("b3") and body["rid"].startswith("q00001"):
             self.send_response(500)
@@ -25,16 +23,8 @@ class _Stub(BaseHTTPRequestHandler):
             self.wfile.write(b"boom")
             return
         assert body["sampling_params"]["max_new_tokens"] == 1
-        out = {"output_ids": [len(body["input_ids"]) % 7],
-               "meta_info": {"cached_tokens": 5, "radixflow_token_hit": [9], "radixflow_state_hit": [4]}}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply_json({"output_ids": [len(body["input_ids"]) % 7],
+                         "meta_info": {"cached_tokens": 5, "radixflow_token_hit": [9], "radixflow_state_hit": [4]}})
 
 
 @pytest.fixture()
