@@ -10,12 +10,19 @@ Two programs per question (document + question, 4 candidate answers):
 - `fork`: the context is committed once, then 4 forks each append a candidate and generate one token.
 For every question it prints the choice, the program's wall time and the cached tokens SGLang reports
 (meta_info.cached_tokens) for the warm-up and each choice request: on a hybrid, a choice reuses the document only
-where a state was stored for it. The tiny models are random-initialised, so the choices themselves mean nothing.
+where a state was stored for it.
+A third section scores the same questions through SGLang's scoring endpoint, `POST /v1/score` (query = document +
+question, items = the candidates, label tokens " yes" / " no"): SGLang sends one request per candidate, and under
+radixflow one of them computes the shared query while the others start from its state (natively a hybrid computes it
+once per candidate). The endpoint reports no cached tokens; it prints P(" yes") per candidate and the call's time.
+The tiny models are random-initialised, so the choices themselves mean nothing.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +83,28 @@ def score_all(url: str) -> None:
                   f"choices (prompt, cached): {choices}")
 
 
+def _post(url: str, route: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(url + route, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def score_endpoint(url: str) -> None:
+    """One /v1/score call per question: the probability of " yes" (against " no") after each candidate."""
+    labels = [_post(url, "/tokenize", {"prompt": word})["tokens"][-1] for word in (" yes", " no")]
+    print("\n== score ==")
+    for doc, question, candidates in QUESTIONS:
+        t0 = time.perf_counter()
+        body = {"query": DOCUMENTS[doc] + question, "items": candidates, "label_token_ids": labels,
+                "apply_softmax": True}
+        p_yes = [row[0] for row in _post(url, "/v1/score", body)["scores"]]
+        elapsed = time.perf_counter() - t0
+        best = candidates[max(range(len(candidates)), key=p_yes.__getitem__)]
+        print(f"[{doc}]{question!r} -> {best!r}  {elapsed * 1000:.0f} ms; P(' yes') per candidate: "
+              f"{[round(p, 4) for p in p_yes]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="use this running server instead of starting one")
@@ -86,6 +115,7 @@ def main() -> None:
     stop_servers_on_sigterm()
     if args.url:
         score_all(args.url)
+        score_endpoint(args.url)
         return
     model = ensure_model(args.model, Path(args.models_root))
     server: Any = SGLangServer(str(model), env={"RADIXFLOW_ARM": args.arm})
@@ -93,6 +123,7 @@ def main() -> None:
     with server:
         print(f"server up on {server.url}")
         score_all(server.url)
+        score_endpoint(server.url)
 
 
 if __name__ == "__main__":

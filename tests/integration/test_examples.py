@@ -43,9 +43,10 @@ def _run_example(name: str, url: str) -> str:
 
 def test_multi_candidate_scoring_example_reuses_the_documents_on_the_hybrid(server: SGLangServer) -> None:
     out = _run_example("multi_candidate_scoring.py", server.url)
-    sections = out.split("== fork ==")
-    assert len(sections) == 2 and "== select ==" in sections[0]
-    for section in sections:
+    _, rest = out.split("== select ==")
+    sections = re.split(r"== (?:fork|score) ==", rest)
+    assert len(sections) == 3 and out.index("== fork ==") < out.index("== score ==")
+    for section in sections[:2]:
         lines = [line for line in section.splitlines() if line.startswith("[")]
         assert len(lines) == 4, section  # one line per question
         for line in lines:
@@ -57,6 +58,13 @@ def test_multi_candidate_scoring_example_reuses_the_documents_on_the_hybrid(serv
     picked = [ast.literal_eval(line.split(" -> ")[1].split("  ")[0])
               for line in sections[0].splitlines() if line.startswith("[")]
     assert [p in candidates for p, (_, _, candidates) in zip(picked, _example_questions())] == [True] * 4
+    scored = [line for line in sections[2].splitlines() if line.startswith("[")]
+    assert len(scored) == 4, sections[2]
+    for line, (_, _, candidates) in zip(scored, _example_questions()):
+        best = ast.literal_eval(line.split(" -> ")[1].split("  ")[0])
+        p_yes = ast.literal_eval(line.split("per candidate: ")[1])
+        assert len(p_yes) == 4 and all(0.0 < p < 1.0 for p in p_yes), line  # softmax over the two labels
+        assert best in candidates and p_yes[candidates.index(best)] == max(p_yes), line
 
 
 def test_agent_serving_example_keeps_idle_histories_under_eviction(server: SGLangServer) -> None:
