@@ -88,9 +88,10 @@ class PassHarness:
 
     def __init__(self, components, arm: str = "radixflow", token_budget: int = 4096, rows: int = 16,
                  admission: str = "native", slot_wait: bool = False, prefix_requests: bool = True,
-                 producer_rows: Optional[int] = None, **cfg: Any):
+                 producer_rows: Optional[int] = None, schedule_policy: str = "fcfs", **cfg: Any):
         """admission: the arm's admission is replaced (native by default) so that a pass never holds.
-        producer_rows: RADIXFLOW_PRODUCER_ROWS (None: the arm's default)."""
+        producer_rows: RADIXFLOW_PRODUCER_ROWS (None: the arm's default). schedule_policy: SGLang's
+        --schedule-policy (its SchedulePolicy sorts the queue before each scan)."""
         self.cache, self.allocator, self.pool = build_cache(RadixFlowCache, components, **cfg)
         self.cache.configure(load_config({
             "RADIXFLOW_ARM": arm, "RADIXFLOW_ADMISSION": admission,
@@ -111,7 +112,7 @@ class PassHarness:
             grammar_manager=SimpleNamespace(has_waiting_grammars=lambda: False),
             enable_priority_preemption=False, is_hybrid_swa=False, waiting_queue=[], chunked_req=None,
             min_free_slots_delayer=None, get_num_allocatable_reqs=lambda *a, **k: rows,
-            policy=SchedulePolicy("fcfs", self.cache, False, False, False), processed_tokens_counter=0,
+            policy=SchedulePolicy(schedule_policy, self.cache, False, False, False), processed_tokens_counter=0,
             dynamic_chunk_sizer=None, chunked_prefill_size=token_budget,
             tp_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=object(), prefill_aware_swa=False)),
             get_prefill_adder_class=lambda: RadixFlowPrefillAdder if self.traversal != "native" else PrefillAdder,

@@ -139,8 +139,10 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def add_chunked_req(self, req: Any):
         """A producer whose first chunk stopped short of its boundary (token budget) continues with a chunk cut at
-        b, so that its state lands exactly there."""
+        b, so that its state lands exactly there. A chunked request that was no producer becomes one first when
+        siblings have arrived since (`note_continuation`)."""
         sched = self.tree_cache.rf_sched
+        sched.note_continuation(req)
         # Full attention needs no cut: its KV is usable at any length once in the tree.
         cut = sched.pending_boundary(req) if sched.mode is not PublishMode.KV else None
         if cut is not None:

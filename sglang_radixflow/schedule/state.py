@@ -412,17 +412,46 @@ class SchedulingState:
         if plan.mode is PublishMode.TRACK:
             req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
         tokens = request_tokens(req)
-        promises = [
+        promises = self._register(req, tokens, plan)
+        self.current.producers += 1
+        if self.traversal == "skip" and req.token_indices_to_pool is None:
+            promises[0].consumers = self._consumers(plan)
+            self._mark_consumers(req, tokens, promises[0], token_hit)
+
+    def note_continuation(self, req: Any) -> None:
+        """SGLang continues its chunked request in this pass. Requests that arrived after it was planned may share its
+        path past what it has computed so far: it becomes their producer (adopted), so that they wait for its next
+        chunk instead of the first of them producing the same prefix beside it. Full attention publishes the KV its
+        chunk lands; a no_buffer hybrid's chunk is cut at b (`pending_boundary`), where its state lands. Not on
+        extra_buffer hybrids: there b would have to sit on the snapshot grid of this continuation's own extend."""
+        if not self.active or self.mode is PublishMode.TRACK or self.pending_boundary(req) is not None:
+            return
+        tokens = request_tokens(req)
+        # What the tree holds of its path: its own chunks, or more where another request put it there (a known
+        # branch point on a no_buffer hybrid: plan_producer caps b at it).
+        held = self._path_len(namespace_of(req), tokens) if self._path_len is not None else int(req.prefix_len)
+        plan = self.plan(req, max(held, int(req.prefix_len)))
+        if plan is None:
+            return
+        promises = self._register(req, tokens, plan)
+        assert self.current is not None
+        self.current.adopted += 1
+        if self.traversal == "skip" and req.token_indices_to_pool is None:
+            promises[0].consumers = self._consumers(plan)
+            if self._path_len is not None:
+                self._mark(promises[0], self._path_len(promises[0].namespace, promises[0].tokens))
+
+    def _register(self, req: Any, tokens: Any, plan: ProducerPlan) -> list[Promise]:
+        """The promises of a producer's plan, b first (partial on full attention: each sibling is served its shared
+        part)."""
+        assert self.current is not None
+        return [
             self.promises.register(
                 namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id,
                 partial=plan.mode is PublishMode.KV, page_size=self.page_size,
             )
             for boundary in (plan.boundary, *plan.later)
         ]
-        self.current.producers += 1
-        if self.traversal == "skip" and req.token_indices_to_pool is None:
-            promises[0].consumers = self._consumers(plan)
-            self._mark_consumers(req, tokens, promises[0], token_hit)
 
     @staticmethod
     def _consumers(plan: ProducerPlan) -> tuple[tuple[Any, int], ...]:

@@ -129,3 +129,37 @@ def test_a_released_request_in_flight_releases_its_adopters() -> None:
     launched = h.launch()
     h.finish(in_flight)
     drain(h, launched)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_siblings_arriving_after_a_chunk_wait_for_its_continuation(components, policy) -> None:  # noqa: ANN001
+    """c0 arrives alone and the token budget cuts it into chunks (400 of its 620 tokens first). Its siblings arrive
+    after that pass, so its plan never saw them. The chunked request becomes their producer when it continues: on
+    full attention they wait for the KV its continuation lands, on the no_buffer hybrid its continuation is cut at
+    the branch point (600), where its state lands. Without it the first sibling produced the document again from 400,
+    beside c0's continuation (seen with SGLang's lpm policy on a live server). The document is computed once."""
+    hybrid = components is HYBRID
+    h = PassHarness(components, token_budget=400, kv_size=8192, mamba_cache_size=64, schedule_policy=policy)
+    h.submit(candidate(0))
+    (c0,) = h.run_pass()
+    assert int(c0.extend_len) == 400
+    h.execute()
+    h.submit(candidate(1), candidate(2), candidate(3))
+    assert rids(h.run_pass()) == ["c0"]  # the continuation alone: its siblings wait for it
+    assert (int(c0.prefix_len), int(c0.extend_len)) == (400, 200 if hybrid else 220)
+    (promise,) = h.cache.rf_sched.promises.open_promises()
+    assert (promise.producer_rid, promise.boundary) == ("c0", len(DOC))
+    stats = h.cache.rf_sched.pending_pass[1]
+    assert (stats.adopted, stats.blocked_skips) == (1, 3)
+    h.execute()
+    batch = h.run_pass()  # (a middle chunk enters the tree at the start of the next pass)
+    assert promise.state is PromiseState.PUBLISHED
+    siblings = [r for r in batch if r.rid != "c0"]
+    assert sorted(rids(siblings)) == ["c1", "c2", "c3"]
+    assert [int(r.prefix_len) for r in siblings] == [len(DOC)] * 3  # from c0's KV (and state) at the branch point
+    h.execute()
+    h.run_rounds()
+    computed = sum(f.extend_len for r in h.rounds for f in r.fragments)
+    assert computed == len(DOC) + 4 * 20  # the document once, each candidate's own 20 tokens
+    h.assert_idle_invariants()
