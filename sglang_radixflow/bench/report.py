@@ -343,6 +343,11 @@ def _doc_scale_note(scale: Any) -> str:
     return "" if scale in (None, 1) else f", lengths x{scale:g} of the default"
 
 
+def _server_args_note(args: Optional[Sequence[str]]) -> str:
+    """Extra server flags of the run (--server-args), when there were any."""
+    return f", extra server flags `{' '.join(args)}`" if args else ""
+
+
 def _pct(x: Optional[float]) -> str:
     return "—" if x is None else f"{100 * x:.2f}%"
 
@@ -376,8 +381,8 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
         f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
         f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
-        f"{overlap_note(w.get('overlap_schedule', 'on'))}; each question's branches are released "
-        "together by the client (see the sibling send spread).",
+        f"{overlap_note(w.get('overlap_schedule', 'on'))}{_server_args_note(w.get('server_args'))}; each "
+        "question's branches are released together by the client (see the sibling send spread).",
         "",
     ]
     if w.get("path") == "score":

@@ -26,7 +26,7 @@ from sglang_radixflow.bench.score import ScoreClient
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import (
     HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
-    check_overlap_schedule, live_servers, overlap_flags, overlap_off,
+    check_overlap_schedule, live_servers, overlap_flags, overlap_off, parse_server_args,
 )
 from sglang_radixflow.bench.workloads import (
     Question, Request, WorkloadParams, held_out, make_workload, warmup_prompts,
@@ -93,6 +93,13 @@ class BenchOptions:
         return overlap_off(self.overlap_schedule)
 
 
+# Server flags the bench sets itself (budget_args, the arm's cache, --hybrid-strategy, --overlap-schedule, the
+# server's own address and model): --server-args may not repeat them.
+OWNED_SERVER_FLAGS: tuple[str, ...] = (
+    "--prefill-max-requests", "--max-running-requests", "--chunked-prefill-size", "--max-prefill-tokens",
+    "--max-total-tokens", "--radix-cache-backend", "--mamba-radix-cache-strategy", "--disable-overlap-schedule",
+    "--model-path", "--host", "--port",
+)
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
 
 
@@ -284,7 +291,7 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     (out / "workload.json").write_text(json.dumps({
         **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
         "quick": opts.quick, "server_threads": opts.server_threads, "hybrid_strategy": opts.mamba_strategy,
-        "overlap_schedule": "off" if opts.overlap_off else "on",
+        "overlap_schedule": "off" if opts.overlap_off else "on", "server_args": list(opts.extra_server_args),
         "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
@@ -351,6 +358,7 @@ def options_from_args(args: Any) -> BenchOptions:
         kv_tokens=args.kv_tokens,
         models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
         mamba_strategy=args.hybrid_strategy, overlap_schedule=args.overlap_schedule,
+        extra_server_args=parse_server_args(args.server_args, OWNED_SERVER_FLAGS),
     )
 
 
@@ -408,6 +416,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                         help=HYBRID_STRATEGY_HELP)
     add_overlap_argument(parser)
+    parser.add_argument("--server-args", default="",
+                        help="extra SGLang server flags for every arm's server, shell-quoted, e.g. "
+                             "\"--schedule-policy lpm\" (not the flags the bench sets from its own options)")
     parser.add_argument("--server-threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -84,6 +85,21 @@ def add_overlap_argument(parser: Any) -> None:
                         help="SGLang's overlap scheduler on every server: auto (default) turns it off on a CPU, where "
                              "the forward runs in the scheduler's thread and overlap only delays each round's results "
                              "by a round; on: SGLang's default (no_buffer hybrids still run without it); off")
+
+
+def parse_server_args(text: str, owned: Sequence[str]) -> tuple[str, ...]:
+    """A bench's --server-args: extra SGLang server flags (shell-quoted) for every server it starts. The flags in
+    `owned` are the bench's own (budgets, cache, overlap loop, ...): refused, since each has its own option and a
+    repeated flag silently wins (argparse keeps the last)."""
+    try:
+        args = tuple(shlex.split(text))
+    except ValueError as err:
+        raise ValueError(f"--server-args {text!r}: {err}") from None
+    clash = sorted({a.split("=", 1)[0] for a in args} & set(owned))
+    if clash:
+        raise ValueError(f"--server-args {text!r}: {', '.join(clash)} set by the bench itself (its own options); "
+                         f"any other SGLang server flag is allowed")
+    return args
 
 
 def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:

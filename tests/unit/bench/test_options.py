@@ -51,6 +51,9 @@ def test_budget_flags() -> None:
     ("multi-candidate --kv-tokens 0", "--kv-tokens 0: must be >= 1"),
     ("multi-candidate --doc-scale 2", "doc_scale=2.0: must be in (0, 1] (1 = the default document lengths)"),
     ("multi-candidate --arms sglang,fastest", "unknown arm(s) fastest; allowed: sglang,"),
+    ("multi-candidate --server-args=--chunked-prefill-size=512",
+     "--chunked-prefill-size set by the bench itself (its own options); any other SGLang server flag is allowed"),
+    ("multi-candidate --server-args=--schedule-policy='lpm", "--server-args \"--schedule-policy='lpm\": No closing"),
     ("agent --models qwen4", "unknown model(s) qwen4; allowed:"),
     ("agent --rr-block 0", "--rr-block 0: must be >= 1"),
     ("agent --agents 4 --active 4", "need 0 < active (n_a=4) < capacity"),
@@ -151,3 +154,25 @@ def test_overlap_schedule_option_reaches_every_arms_server(tmp_path, monkeypatch
     assert flags("--overlap-schedule off", cpu=False) == {"sglang": True, "radixflow": True}
     with pytest.raises(ValueError, match="allowed: auto, on, off"):
         runner.BenchOptions(out=tmp_path, workload=_opts("--out x").workload, overlap_schedule="sometimes")
+
+
+def test_server_args_reach_every_arms_server_and_the_report(tmp_path) -> None:
+    """--server-args (e.g. SGLang's --schedule-policy) goes to every arm's server, after the bench's own flags, and
+    the workload record and report say so."""
+    import json
+
+    from sglang_radixflow.bench import runner
+    from sglang_radixflow.bench.report import format_report
+    from sglang_radixflow.models import MARKER_FILE
+
+    model = tmp_path / "qwen3"
+    model.mkdir()
+    (model / MARKER_FILE).write_text(json.dumps({"arch": "qwen3"}))
+    opts = _opts(f"--out {tmp_path} --models qwen3 --server-args=--schedule-policy=lpm")
+    assert opts.extra_server_args == ("--schedule-policy=lpm",)
+    for arm in ("sglang", "radixflow"):
+        assert "--schedule-policy=lpm" in runner.make_server(model, arm, 8, 2048, opts, tmp_path / "log", None).command()
+    assert _opts("--out x").extra_server_args == ()
+    summary = {"workload": {"server_args": ["--schedule-policy", "lpm"]}, "budgets": {"S": 8, "T": 2048,
+               "calibrated_on": "fixed"}, "arms": {}, "cost_identity": {}}
+    assert "extra server flags `--schedule-policy lpm`" in format_report(summary)
