@@ -423,16 +423,22 @@ class SchedulingState:
         path past what it has computed so far: it becomes their producer (adopted), so that they wait for its next
         chunk instead of the first of them producing the same prefix beside it. Full attention publishes the KV its
         chunk lands; a no_buffer hybrid's chunk is cut at b (`pending_boundary`), where its state lands. Not on
-        extra_buffer hybrids: there b would have to sit on the snapshot grid of this continuation's own extend."""
+        extra_buffer hybrids: their snapshot would have to move inside the continuation (mamba_branching_seqlen),
+        which the in-process harness cannot run, so it is left to SGLang as before."""
         if not self.active or self.mode is PublishMode.TRACK or self.pending_boundary(req) is not None:
             return
-        tokens = request_tokens(req)
-        # What the tree holds of its path: its own chunks, or more where another request put it there (a known
-        # branch point on a no_buffer hybrid: plan_producer caps b at it).
-        held = self._path_len(namespace_of(req), tokens) if self._path_len is not None else int(req.prefix_len)
-        plan = self.plan(req, max(held, int(req.prefix_len)))
+        plan = self.plan(req, int(req.prefix_len))  # None at once while no sibling waits (the common case)
         if plan is None:
             return
+        tokens = request_tokens(req)
+        if plan.mode is PublishMode.CHUNK_END and self._path_len is not None:
+            # The tree may hold more of its path than its own chunks (another request put it there): a branch point
+            # known to the tree, where plan_producer caps b on a no_buffer hybrid.
+            held = self._path_len(namespace_of(req), tokens)
+            if held > int(req.prefix_len):
+                plan = self.plan(req, held)
+                if plan is None:
+                    return
         promises = self._register(req, tokens, plan)
         assert self.current is not None
         self.current.adopted += 1
