@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -249,6 +250,52 @@ def test_a_sibling_sent_during_its_producers_round_waits_for_that_kv(
         server.stop()
     rounds = [json.loads(line) for line in trace.read_text().splitlines()]
     assert sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round") >= 1
+
+
+def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
+    hybrid_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A 1000-token document + question, chunked 256 tokens at a time; its three siblings are sent once the server
+    has logged the first chunk, so they reach a pass that continues the chunked request (which was no producer: nobody
+    waited when it was admitted). It becomes their producer: its continuation is cut at the branch point (1000, off
+    the 256 grid), its state lands there, and the siblings start from it. The document is computed once (natively
+    each sibling recomputes it; before session 17 the first late sibling produced it again beside the continuation),
+    and outputs equal native SGLang's."""
+    rng = random.Random(41)
+    doc = [rng.randrange(3, 2000) for _ in range(1000)]
+    prompts = [doc + [rng.randrange(3, 2000) for _ in range(20)] for _ in range(4)]
+    trace = tmp_path / "radixflow.jsonl"
+    server = SGLangServer(str(model_dirs["nemotron_h"]), extra_args=(*FLOAT32, "--chunked-prefill-size", "256"),
+                          env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)})
+    server.start()
+    try:
+        start = len(server.log_text())
+        out: dict[str, object] = {}
+        worker = threading.Thread(target=lambda: out.update(first=_batch(server, prompts[:1])))
+        worker.start()
+        first_chunk = "#new-seq: 1, #new-token: 256, #cached-token: 0"
+        deadline = time.monotonic() + 60
+        while first_chunk not in server.log_text()[start:] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert first_chunk in server.log_text()[start:], server.log_text()[start:][-2000:]
+        siblings = _batch(server, prompts[1:])
+        worker.join(timeout=120)
+        results = out["first"] + siblings
+        assert [o["meta_info"]["cached_tokens"] for o in siblings] == [1000] * 3
+        log = _log_with(server, "#new-seq: 3, #new-token: 60, #cached-token: 3000")
+        computed = sum(int(n) for n in re.findall(r"Prefill batch.*?#new-token: (\d+)", log[start:]))
+        assert computed == 1020 + 3 * 20, computed  # the first prompt whole, each sibling its own 20 tokens
+        native = _batch(hybrid_servers["sglang"], prompts)
+        assert [o["output_ids"] for o in results] == [o["output_ids"] for o in native]
+        diffs = [abs(a["meta_info"]["output_token_logprobs"][0][0] - b["meta_info"]["output_token_logprobs"][0][0])
+                 for a, b in zip(results, native)]
+        assert max(diffs) < LOGPROB_TOL, diffs
+        time.sleep(1.0)
+        assert LEAK not in server.log_text()
+    finally:
+        server.stop()
+    rounds = [json.loads(line) for line in trace.read_text().splitlines() if '"kind": "round"' in line]
+    assert sum(r.get("adopted_producers", 0) for r in rounds) == 1
 
 
 def test_prometheus_exports_round_counters(control_servers: dict[str, SGLangServer]) -> None:
