@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import threading
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Iterator
 
 import pytest
 
+from sglang_radixflow.bench.report import parse_prefill_lines
 from sglang_radixflow.bench.server import SGLangServer, ServerError
 
 DOC_LEN = 600
@@ -41,16 +41,17 @@ def _batch(
     return server.post("/generate", payload)
 
 
-def _log_with(server: SGLangServer, *lines: str, timeout_s: float = 10.0) -> str:
-    """The server's log once it holds every one of `lines` (or at the timeout). SGLang 0.5.23 logs a prefill batch
-    after streaming its outputs (batch_result_processor: stream_output, then report_prefill_stats), so a response can
-    reach the client before the log line of its last round is written."""
+def _log_with(server: SGLangServer, *lines: str, timeout_s: float = 10.0, since: int = 0,
+              poll_s: float = 0.05) -> str:
+    """The server's log from offset `since` once it holds every one of `lines` (or at the timeout). SGLang 0.5.23 logs
+    a prefill batch after streaming its outputs (batch_result_processor: stream_output, then report_prefill_stats), so
+    a response can reach the client before the log line of its last round is written."""
     deadline = time.monotonic() + timeout_s
     while True:
-        log = server.log_text()
+        log = server.log_text()[since:]
         if all(line in log for line in lines) or time.monotonic() > deadline:
             return log
-        time.sleep(0.05)
+        time.sleep(poll_s)
 
 
 @pytest.fixture(scope="module")
@@ -274,16 +275,15 @@ def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
         worker = threading.Thread(target=lambda: out.update(first=_batch(server, prompts[:1])))
         worker.start()
         first_chunk = "#new-seq: 1, #new-token: 256, #cached-token: 0"
-        deadline = time.monotonic() + 60
-        while first_chunk not in server.log_text()[start:] and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert first_chunk in server.log_text()[start:], server.log_text()[start:][-2000:]
+        # polled finely: the siblings must reach the server while the prompt's next chunks are still to come
+        log = _log_with(server, first_chunk, timeout_s=60, since=start, poll_s=0.005)
+        assert first_chunk in log, log[-2000:]
         siblings = _batch(server, prompts[1:])
         worker.join(timeout=120)
         results = out["first"] + siblings
         assert [o["meta_info"]["cached_tokens"] for o in siblings] == [1000] * 3
-        log = _log_with(server, "#new-seq: 3, #new-token: 60, #cached-token: 3000")
-        computed = sum(int(n) for n in re.findall(r"Prefill batch.*?#new-token: (\d+)", log[start:]))
+        log = _log_with(server, "#new-seq: 3, #new-token: 60, #cached-token: 3000", since=start)
+        computed = sum(line["new"] for line in parse_prefill_lines(log))
         assert computed == 1020 + 3 * 20, computed  # the first prompt whole, each sibling its own 20 tokens
         native = _batch(hybrid_servers["sglang"], prompts)
         assert [o["output_ids"] for o in results] == [o["output_ids"] for o in native]
@@ -563,8 +563,6 @@ def test_score_api_computes_the_shared_query_once_and_scores_equal_native(
     """SGLang's own multi-candidate scoring endpoint (`/v1/score`: one request per query + item, no output token,
     label-token logprobs). Natively the hybrid computes the shared query once per item; under radixflow one item
     produces it and the others start from its state: the server computes the query once, scores equal native's."""
-    from sglang_radixflow.bench.report import parse_prefill_lines
-
     rng = random.Random(31)
     query = [rng.randrange(3, 2000) for _ in range(DOC_LEN)]
     items = [[rng.randrange(3, 2000) for _ in range(12)] for _ in range(4)]
