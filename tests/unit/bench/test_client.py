@@ -6,6 +6,7 @@ from typing import Iterator
 
 import pytest
 
+from sglang_radixflow.bench import client
 from sglang_radixflow.bench.client import OpenLoopClient, first_token_agreement
 from sglang_radixflow.bench.workloads import WorkloadParams, make_workload
 from tests.unit.bench.http_stub import JsonHandler, serve
@@ -34,7 +35,23 @@ def stub_url() -> Iterator[str]:
         yield url
 
 
-def test_open_loop_records_and_sibling_release(stub_url: str) -> None:
+def test_open_loop_records_and_sibling_release(stub_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Log, in order, when each body is encoded and when each request is posted. Encoding is slowed (GIL released) so
+    # that a client sending each sibling as soon as its own body is ready would post before the next one is encoded.
+    events: list[tuple[str, str]] = []
+    real_body, real_post = client.generate_body, client.post_generate
+
+    def slow_body(input_ids, rid):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)
+        events.append(("encode", rid))
+        return real_body(input_ids, rid)
+
+    def logged_post(url, input_ids, rid, timeout_s, body=None):  # type: ignore[no-untyped-def]
+        events.append(("send", rid))
+        return real_post(url, input_ids, rid, timeout_s, body)
+
+    monkeypatch.setattr(client, "generate_body", slow_body)
+    monkeypatch.setattr(client, "post_generate", logged_post)
     w = make_workload(WorkloadParams(questions=3, rate=20.0, seed=0))
     done: list[int] = []
     records = OpenLoopClient(stub_url, timeout_s=10, on_done=lambda r, n, total: done.append(n)).run(w.requests())
@@ -48,10 +65,11 @@ def test_open_loop_records_and_sibling_release(stub_url: str) -> None:
     # open loop: each send at (or just after) its arrival instant
     for r in records:
         assert r.sent_s >= r.arrival_s - 1e-3
-    # siblings go out together (one event releases them)
+    # siblings go out together: one event releases them once all their bodies are encoded (an order, not a clock)
     for q in range(3):
-        sends = [r.sent_s for r in records if r.qid == q]
-        assert max(sends) - min(sends) < 0.02
+        rids = {r.rid for r in records if r.qid == q}
+        mine = [kind for kind, rid in events if rid in rids]
+        assert mine == ["encode"] * len(rids) + ["send"] * len(rids)
 
 
 def test_first_token_agreement() -> None:
