@@ -13,11 +13,8 @@ from tests.unit.bench.http_stub import JsonHandler, serve
 
 
 class _Stub(JsonHandler):
-    arrivals: list[tuple[str, float]] = []
-
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = self.read_json()
-        _Stub.arrivals.append((body["rid"], time.perf_counter()))
         if body["rid"].endswith("b3") and body["rid"].startswith("q00001"):
             self.send_response(500)
             self.end_headers()
@@ -30,7 +27,6 @@ class _Stub(JsonHandler):
 
 @pytest.fixture()
 def stub_url() -> Iterator[str]:
-    _Stub.arrivals = []
     with serve(_Stub) as url:
         yield url
 
