@@ -8,6 +8,7 @@ import pytest
 
 from sglang_radixflow.cache.promises import PromiseState
 from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.state import DEFER_COUNT
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import PassHarness, make_request
 
@@ -119,6 +120,40 @@ def test_deferral_is_bounded() -> None:
     for _ in range(limit - 1):
         assert h.run_pass() == []
     assert rids(h.run_pass()) == ["c1", "c2", "c3"]  # past the bound they run from h
+
+
+@pytest.mark.parametrize("arm", ["radixflow", "prefix-stop"])
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_consumers_wait_out_a_producer_chunked_past_the_deferral_bound(components, arm) -> None:  # noqa: ANN001
+    """The token budget cuts the document into more chunks than the deferral bound allows rounds. The consumers are
+    not released midway (each would compute the rest of the document again beside the producer): a continuation short
+    of b spends the whole chunk budget, so SGLang's scan ends before it reaches them and nothing counts against their
+    bound until the last chunk. The document is computed once."""
+    budget = 48
+    h = PassHarness(components, arm=arm, token_budget=budget, kv_size=8192, mamba_cache_size=64)
+    limit = h.cache.rf_sched.config.max_defer_rounds
+    assert len(DOC) > (limit + 2) * budget  # the producer alone needs more rounds than the bound
+    h.submit(*candidates())
+    first = h.run_pass()
+    (promise,) = h.cache.rf_sched.promises.open_promises()
+    producer = first[0]
+    assert promise.boundary == len(DOC) and producer.rid in {"c0", prefix("c0")}
+    rounds = 0
+    while promise.state is PromiseState.OPEN:
+        h.execute()
+        batch = h.run_pass()
+        rounds += 1
+        if promise.state is PromiseState.OPEN:
+            assert rids(batch) == [producer.rid]  # the continuation alone: every sibling still waits
+    assert rounds > limit
+    assert max(getattr(r, DEFER_COUNT, 0) for r in h.waiting + list(h.batch.reqs)) <= 2
+    consumers = [r for r in h.batch.reqs if r.rid != producer.rid] if h.batch is not None else []
+    assert consumers and all(int(r.prefix_len) == len(DOC) for r in consumers)
+    h.execute()
+    h.run_rounds()
+    computed = sum(f.extend_len for r in h.rounds for f in r.fragments)
+    assert computed == len(DOC) + 4 * 20  # the document once, each candidate's own 20 tokens
+    h.assert_idle_invariants()
 
 
 def test_cancelled_promise_releases_its_consumers() -> None:
