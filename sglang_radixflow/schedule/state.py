@@ -422,10 +422,11 @@ class SchedulingState:
         """SGLang continues its chunked request in this pass. Requests that arrived after it was planned may share its
         path past what it has computed so far: it becomes their producer (adopted), so that they wait for its next
         chunk instead of the first of them producing the same prefix beside it. Full attention publishes the KV its
-        chunk lands; a no_buffer hybrid's chunk is cut at b (`pending_boundary`), where its state lands. Not on
-        extra_buffer hybrids: their snapshot would have to move inside the continuation (mamba_branching_seqlen),
-        which the in-process harness cannot run, so it is left to SGLang as before."""
-        if not self.active or self.mode is PublishMode.TRACK or self.pending_boundary(req) is not None:
+        chunk lands; a no_buffer hybrid's chunk is cut at b (`pending_boundary`), where its state lands; an
+        extra_buffer hybrid snapshots b inside the continuation (b is on the grid counted from where the chunk before
+        stopped, which SGLang requires of `mamba_branching_seqlen`; the adder keeps a chunk that stops short of b on
+        that grid too: `_track_continuation_limit`)."""
+        if not self.active or self.pending_boundary(req) is not None:
             return
         plan = self.plan(req, int(req.prefix_len))  # None at once while no sibling waits (the common case)
         if plan is None:
@@ -439,6 +440,8 @@ class SchedulingState:
                 plan = self.plan(req, held)
                 if plan is None:
                     return
+        if plan.mode is PublishMode.TRACK:
+            req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after this pass
         promises = self._register(req, tokens, plan)
         assert self.current is not None
         self.current.adopted += 1

@@ -253,20 +253,24 @@ def test_a_sibling_sent_during_its_producers_round_waits_for_that_kv(
     assert sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round") >= 1
 
 
+@pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
 def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
-    hybrid_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path
+    hybrid_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path, strategy: str
 ) -> None:
     """A 1000-token document + question, chunked 256 tokens at a time; its three siblings are sent once the server
     has logged the first chunk, so they reach a pass that continues the chunked request (which was no producer: nobody
-    waited when it was admitted). It becomes their producer: its continuation is cut at the branch point (1000, off
-    the 256 grid), its state lands there, and the siblings start from it. The document is computed once (natively
-    each sibling recomputes it; before session 17 the first late sibling produced it again beside the continuation),
-    and outputs equal native SGLang's."""
+    waited when it was admitted). It becomes their producer, and the siblings start from its state at the branch
+    point: no_buffer cuts its continuation there (1000, off the 256 grid); extra_buffer snapshots inside the
+    continuation at the branch point's last position on the 64-token grid (960). The document is computed once
+    (natively each sibling recomputes it; before session 17 the first late sibling produced it again beside the
+    continuation, and before session 18 still did on extra_buffer), and outputs equal native SGLang's."""
     rng = random.Random(41)
     doc = [rng.randrange(3, 2000) for _ in range(1000)]
     prompts = [doc + [rng.randrange(3, 2000) for _ in range(20)] for _ in range(4)]
+    chunk = (*FLOAT32, "--chunked-prefill-size", "256")
+    b = 1000 if strategy == "no_buffer" else 1000 // 64 * 64
     trace = tmp_path / "radixflow.jsonl"
-    server = SGLangServer(str(model_dirs["nemotron_h"]), extra_args=(*FLOAT32, "--chunked-prefill-size", "256"),
+    server = SGLangServer(str(model_dirs["nemotron_h"]), extra_args=chunk, mamba_strategy=strategy,
                           env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)})
     server.start()
     try:
@@ -281,17 +285,24 @@ def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
         siblings = _batch(server, prompts[1:])
         worker.join(timeout=120)
         results = out["first"] + siblings
-        assert [o["meta_info"]["cached_tokens"] for o in siblings] == [1000] * 3
-        log = _log_with(server, "#new-seq: 3, #new-token: 60, #cached-token: 3000", since=start)
+        assert [o["meta_info"]["cached_tokens"] for o in siblings] == [b] * 3
+        own = 1020 - b
+        log = _log_with(server, f"#new-seq: 3, #new-token: {3 * own}, #cached-token: {3 * b}", since=start)
         computed = sum(line["new"] for line in parse_prefill_lines(log))
-        assert computed == 1020 + 3 * 20, computed  # the first prompt whole, each sibling its own 20 tokens
-        native = _batch(hybrid_servers["sglang"], prompts)
+        assert computed == 1020 + 3 * own, computed  # the first prompt whole, each sibling past the branch point
+        if strategy == "no_buffer":
+            native = _batch(hybrid_servers["sglang"], prompts)
+        else:
+            with SGLangServer(str(model_dirs["nemotron_h"]), radix_cache=None, extra_args=chunk, env=FLOAT32_ENV,
+                              mamba_strategy=strategy) as native_server:
+                native = _batch(native_server, prompts)
         assert [o["output_ids"] for o in results] == [o["output_ids"] for o in native]
-        diffs = [abs(a["meta_info"]["output_token_logprobs"][0][0] - b["meta_info"]["output_token_logprobs"][0][0])
-                 for a, b in zip(results, native)]
+        diffs = [abs(a["meta_info"]["output_token_logprobs"][0][0] - n["meta_info"]["output_token_logprobs"][0][0])
+                 for a, n in zip(results, native)]
         assert max(diffs) < LOGPROB_TOL, diffs
         time.sleep(1.0)
         assert LEAK not in server.log_text()
+        assert f"'mamba_radix_cache_strategy': '{strategy}'" in server.log_text()
     finally:
         server.stop()
     rounds = [json.loads(line) for line in trace.read_text().splitlines() if '"kind": "round"' in line]
