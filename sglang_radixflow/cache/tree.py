@@ -9,6 +9,7 @@ else is SGLang's own behaviour, unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator
 
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams, MatchResult
@@ -75,6 +76,8 @@ class RadixFlowCache(UnifiedRadixCache):
         else:
             mode = PublishMode.TRACK if self.enable_mamba_extra_buffer else PublishMode.CHUNK_END
             chunk = int(mamba.mamba_cache_chunk_size)
+            if mode is PublishMode.TRACK:
+                _assert_tracked_seqlen_field()
         self.rf_sched = SchedulingState(
             config, mode, chunk, state_ready_len=self.state_ready_len, trace=self.rf_trace,
             path_len=self.path_len if self.page_size == 1 else None, page_size=int(self.page_size),
@@ -145,6 +148,16 @@ class RadixFlowCache(UnifiedRadixCache):
                 "request", rid=str(req.rid), prompt_len=len(req.origin_input_ids), token_hit=token_hit(req),
                 state_hit=state_hit(req), cached_tokens=int(req.cached_tokens), round=self.rf_clock.last_launched(),
             )
+
+
+def _assert_tracked_seqlen_field() -> None:
+    # Adoption on extra_buffer hybrids reads where SGLang snapshots a state inside an in-flight extend
+    # (SchedulingState._tracked_in_extend): prepare_for_extend records it on the request's KV record.
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+    assert "mamba_last_track_seqlen" in {f.name for f in dataclasses.fields(ReqKvInfo)}, (
+        "SGLang's ReqKvInfo no longer records mamba_last_track_seqlen"
+    )
 
 
 def token_hit(req: object) -> int:

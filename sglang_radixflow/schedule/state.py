@@ -101,10 +101,11 @@ class SchedulingState:
         self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
         self._scan_pos = 0  # queue position of the request the scan is on
         self._non_producers = 0
-        # Full attention: requests admitted by recent passes whose round's KV has not entered the tree yet, by sibling
-        # key (id -> (request, extend end, pass round)). Under SGLang's overlap scheduler a pass runs before the
-        # previous round's results are processed, so a sibling that arrived just after its producer's pass would
-        # recompute the prefix in flight; it adopts that request as its producer instead (`_adopt`).
+        # Full attention and extra_buffer hybrids: requests admitted by recent passes whose round's KV (and tracked
+        # state) has not entered the tree yet, by sibling key (id -> (request, extend end, pass round)). Under SGLang's
+        # overlap scheduler a pass runs before the previous round's results are processed, so a sibling that arrived
+        # just after its producer's pass would recompute the prefix in flight; it adopts that request as its producer
+        # instead (`_adopt`).
         self._unlanded: dict[tuple, dict[int, tuple[Any, int, int]]] = {}
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
@@ -277,10 +278,11 @@ class SchedulingState:
             promise = self._adopt(req, tokens, state_hit, limit, in_flight)
         return promise
 
-    # ---- adoption: in-flight requests as producers (full attention) ----
+    # ---- adoption: in-flight requests as producers (full attention, extra_buffer hybrids) ----
     def _note_in_flight(self, req: Any) -> None:
-        """An admitted request's KV up to the end of this round's extend enters the tree when its results are
-        processed (`on_landed`); until then a waiting sibling may adopt it."""
+        """An admitted request's KV up to the end of this round's extend (on extra_buffer hybrids also the one state
+        SGLang snapshots inside it) enters the tree when its results are processed (`on_landed`); until then a
+        waiting sibling may adopt it."""
         if req.session is not None or req.skip_radix_cache_insert or req.multimodal_inputs is not None \
                 or req.input_embeds is not None:
             return  # its KV lands elsewhere or not at all, or under keys other than its token ids
@@ -309,30 +311,43 @@ class SchedulingState:
     def _adopt(self, req: Any, tokens: Any, state_hit: int, limit: int, in_flight: dict[int, tuple[Any, int, int]]
                ) -> Optional[Promise]:
         """A promise for the in-flight request that will land the most of `req`'s useful prefix, past its hit by at
-        least min_gain: registered for that request's whole extend (a partial, full-attention promise serves every
-        later sibling its shared part too), published when its KV lands, cancelled if it is released first."""
+        least min_gain, published when it lands, cancelled if that request is released first. Full attention: for
+        the request's whole extend (a partial promise serves every later sibling its shared part too). extra_buffer
+        hybrid: for the one state SGLang snapshots inside the extend, which `req` must share whole."""
         head = as_tokens(tokens).tobytes()
         need = state_hit + self.config.min_gain_tokens
-        best: Optional[tuple[Any, int]] = None
+        partial = self.mode is PublishMode.KV
+        best: Optional[tuple[Any, int, int]] = None  # (request, what it serves req, boundary of its promise)
         for other, end, _ in in_flight.values():
-            if other is req or end < need:
+            if other is req:
+                continue
+            if not partial:
+                end = self._tracked_in_extend(other)
+            if end < need:
                 continue
             shared = min(common_prefix_with(head, request_tokens(other)), end, limit)
             shared -= shared % self.page_size
-            if shared >= need and (best is None or shared > best[1]):
-                best = (other, end)
+            if shared >= need and (partial or shared == end) and (best is None or shared > best[1]):
+                best = (other, shared, end - end % self.page_size)
         if best is None:
             return None
-        producer, end = best
+        producer, _, boundary = best
         self.on_landed(producer)  # from now on its promise stands for it
-        boundary = end - end % self.page_size
         assert self.current is not None
         promise = self.promises.register(
             namespace_of(producer), request_tokens(producer)[:boundary], boundary, str(producer.rid),
-            self.current.round_id, partial=True, page_size=self.page_size,
+            self.current.round_id, partial=partial, page_size=self.page_size,
         )
         self.current.adopted += 1
         return promise
+
+    @staticmethod
+    def _tracked_in_extend(req: Any) -> int:
+        """extra_buffer: where the state SGLang snapshots inside the request's in-flight extend sits (set by its
+        prepare_for_extend, after the pass that admitted it), or 0 when the extend snapshots none (shorter than the
+        grid: SGLang keeps its older value, which lies at or before the extend's start, already in the tree)."""
+        tracked = req.kv.mamba_last_track_seqlen
+        return int(tracked) if tracked is not None and tracked > int(req.prefix_len) else 0
 
     def note_blocked(self, req: Any, counter: str = DEFER_COUNT) -> None:
         """A Blocked verdict: count it on the request (its own bound) and in the pass."""
@@ -402,7 +417,9 @@ class SchedulingState:
         if entered > 0.0:
             current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
         note_admitted_meta(req, token_hit, state_hit)
-        if self.mode is PublishMode.KV and self.traversal != "native":  # adoption is a Blocked verdict: traversal only
+        # Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state only where it ends, past
+        # what its siblings share.
+        if self.mode is not PublishMode.CHUNK_END and self.traversal != "native":
             self._note_in_flight(req)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
