@@ -261,23 +261,39 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
     the 64-token grid (2944 of a 3003-token prompt), which enters the tree only when its round's results are
     processed, after the next pass. A sibling sharing the 3000-token document that reaches that pass adopts the
     request: it waits a round and starts from 2944 (before session 19 it recomputed the document beside it, from 0).
-    Same send gaps as above; whatever the timing, the second request starts from the snapshot."""
+    Same send gaps as above; whatever the timing, the second request starts from the snapshot. A sibling that branches
+    before the snapshot (2940 shared tokens, the snapshot at 2944) has nothing to wait for: it is never adopted."""
     trace = tmp_path / "radixflow.jsonl"
     server = SGLangServer(str(model_dirs["nemotron_h"]), extra_args=FLOAT32, mamba_strategy="extra_buffer", env={
         **FLOAT32_ENV, "RADIXFLOW_ARM": "prefix-stop", "RADIXFLOW_TRACE": str(trace), "OMP_NUM_THREADS": "1"})
     rng = random.Random(43)
     snapshot = 3003 // 64 * 64
+
+    def pair(doc_len: int, gap: float) -> tuple[list[int], dict[str, dict]]:
+        """A 3003-token prompt, then after `gap` s a sibling sharing its first doc_len tokens: (sibling, outputs)."""
+        doc = [rng.randrange(3, 2000) for _ in range(doc_len)]
+        first, second = doc + [5, 6, 7] + [4] * (3003 - doc_len - 3), doc + [8, 9, 10]
+        out: dict[str, dict] = {}
+        worker = threading.Thread(target=lambda: out.update(a=server.generate(first, 1, return_logprob=True)))
+        worker.start()
+        time.sleep(gap)
+        out["b"] = server.generate(second, 1, return_logprob=True)
+        worker.join(timeout=120)
+        return second, out
+
+    def adopted() -> int:
+        rounds = [json.loads(line) for line in trace.read_text().splitlines()]
+        return sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round")
+
     server.start()
     try:
+        for gap in (0.01, 0.06):
+            _, out = pair(2940, gap)
+            assert [out[k]["meta_info"]["cached_tokens"] for k in "ab"] == [0, 0], gap
+        time.sleep(0.5)  # the trace's record of the last round
+        assert adopted() == 0
         for gap in (0.01, 0.03, 0.06, 0.1):
-            doc = [rng.randrange(3, 2000) for _ in range(3000)]
-            first, second = doc + [5, 6, 7], doc + [8, 9, 10]
-            out: dict[str, dict] = {}
-            worker = threading.Thread(target=lambda: out.update(a=server.generate(first, 1, return_logprob=True)))
-            worker.start()
-            time.sleep(gap)
-            out["b"] = server.generate(second, 1, return_logprob=True)
-            worker.join(timeout=120)
+            second, out = pair(3000, gap)
             assert [out[k]["meta_info"]["cached_tokens"] for k in "ab"] == [0, snapshot], gap
             native = hybrid_servers["sglang"].generate(second, 1, return_logprob=True)
             assert out["b"]["output_ids"] == native["output_ids"]
@@ -287,10 +303,9 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
         log = server.log_text()
         assert "#new-seq: 1, #new-token: 3003, #cached-token: 0" in log  # the first request ran in one extend
         assert "'disable_overlap_schedule': False" in log and LEAK not in log
+        assert adopted() >= 1
     finally:
         server.stop()
-    rounds = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round") >= 1
 
 
 @pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
