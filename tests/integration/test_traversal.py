@@ -54,6 +54,12 @@ def _log_with(server: SGLangServer, *lines: str, timeout_s: float = 10.0, since:
         time.sleep(poll_s)
 
 
+def _adopted(trace: Path) -> int:
+    """In-flight requests adopted as producers, over the round records of a radixflow trace so far."""
+    rounds = [json.loads(line) for line in trace.read_text().splitlines()]
+    return sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round")
+
+
 @pytest.fixture(scope="module")
 def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("trace") / "radixflow.jsonl"
@@ -249,8 +255,7 @@ def test_a_sibling_sent_during_its_producers_round_waits_for_that_kv(
         assert LEAK not in server.log_text()
     finally:
         server.stop()
-    rounds = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round") >= 1
+    assert _adopted(trace) >= 1
 
 
 def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snapshot(
@@ -281,17 +286,13 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
         worker.join(timeout=120)
         return second, out
 
-    def adopted() -> int:
-        rounds = [json.loads(line) for line in trace.read_text().splitlines()]
-        return sum(r.get("adopted_producers", 0) for r in rounds if r.get("kind") == "round")
-
     server.start()
     try:
         for gap in (0.01, 0.06):
             _, out = pair(2940, gap)
             assert [out[k]["meta_info"]["cached_tokens"] for k in "ab"] == [0, 0], gap
         time.sleep(0.5)  # the trace's record of the last round
-        assert adopted() == 0
+        assert _adopted(trace) == 0
         for gap in (0.01, 0.03, 0.06, 0.1):
             second, out = pair(3000, gap)
             assert [out[k]["meta_info"]["cached_tokens"] for k in "ab"] == [0, snapshot], gap
@@ -303,7 +304,7 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
         log = server.log_text()
         assert "#new-seq: 1, #new-token: 3003, #cached-token: 0" in log  # the first request ran in one extend
         assert "'disable_overlap_schedule': False" in log and LEAK not in log
-        assert adopted() >= 1
+        assert _adopted(trace) >= 1
     finally:
         server.stop()
 
@@ -360,8 +361,7 @@ def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
         assert f"'mamba_radix_cache_strategy': '{strategy}'" in server.log_text()
     finally:
         server.stop()
-    rounds = [json.loads(line) for line in trace.read_text().splitlines() if '"kind": "round"' in line]
-    assert sum(r.get("adopted_producers", 0) for r in rounds) == 1
+    assert _adopted(trace) == 1
 
 
 def test_prometheus_exports_round_counters(control_servers: dict[str, SGLangServer]) -> None:
