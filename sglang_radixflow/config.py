@@ -35,6 +35,10 @@ class RadixFlowConfig:
     # Rows of a pass that Ready non-producers leave to producers behind them (skip traversal only; 0: the paper's FCFS
     # scan). Fills the token-bound producer rounds that FCFS alternates with row-bound consumer rounds.
     producer_rows: int = 2
+    # Skip traversal: a request the rest of the pass's token budget would cut into a chunk is offered again after the
+    # scan looked S requests further, so that whole requests behind it (consumers, short prompts) take their tokens
+    # first and the cut request gets what is left, in the same pass (SGLang's chunk otherwise ends the scan).
+    chunk_last: bool = True
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
     rr_block_tokens: int = 16  # RR-Evict tail unit on full-attention paths (--radix-eviction-policy rr)
@@ -99,6 +103,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "PRODUCER_SLOT_WAIT": ("producer_slot_wait", _bool),
     "PREFIX_REQUESTS": ("prefix_requests", _bool),
     "PRODUCER_ROWS": ("producer_rows", _number(int, 0)),
+    "CHUNK_LAST": ("chunk_last", _bool),
     "TRACE": ("trace_path", _path),
     "CPU_RUNTIME": ("cpu_runtime", _choice(("auto", "off"))),
     "RR_BLOCK": ("rr_block_tokens", _number(int, 1)),

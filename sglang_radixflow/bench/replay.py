@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from sglang_radixflow.bench.progress import Log
 from sglang_radixflow.bench.fragments import RoundRecord, read_rounds, write_rounds
+from sglang_radixflow.bench.optimum import fewest_rounds
 from sglang_radixflow.bench.workloads import STREAMS, WorkloadParams, make_workload, shared_prefixes
 from sglang_radixflow.config import ARMS
 from sglang_radixflow.schedule.bounds import empty_row_slots, first_round_bound, round_lower_bound
@@ -157,40 +158,56 @@ def prompt_of(prompts: dict[str, Sequence[int]], rid: str) -> Sequence[int]:
     return prompts[rid] if split is None else prompts[split[0]][: split[1]]
 
 
-def dependency_depth(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[int]]) -> int:
-    """Longest chain of fragments, each starting from a prefix an earlier-round fragment computed.
+def fragment_graph(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[int]]
+                   ) -> tuple[list[int], list[Optional[int]], list[int]]:
+    """Each executed fragment's tokens, parent and depth, in execution order.
 
     A fragment [p, p + n) of request r depends on a fragment of an earlier round that covered position p of the same
     tokens (its extend ran over p with prompt[:p] equal to r's). When several did (natively, siblings recompute a
-    document), the shallowest counts: D must be a lower bound for these fragments, whatever produced the prefix.
+    document), the shallowest is the parent: depths must be lower bounds for these fragments, whatever produced the
+    prefix. Parent: an index into the same lists, None for a fragment starting at 0.
     """
-    depth: dict[tuple[int, str], int] = {}
-    done: list[tuple[int, str, int, int]] = []  # (round, rid, start, end) of fragments of earlier rounds
+    tokens: list[int] = []
+    parent: list[Optional[int]] = []
+    depth: list[int] = []
+    done: list[tuple[int, str, int, int]] = []  # (index, rid, start, end) of fragments of earlier rounds
     for r in rounds:
         for f in r.fragments:
             p = f.prefix_len
             prompt = prompt_of(prompts, f.rid)
             parents = [
-                depth[(rnd, rid)] for rnd, rid, start, end in done
+                (depth[i], i) for i, rid, start, end in done
                 if start < p <= end and tuple(prompt_of(prompts, rid)[:p]) == tuple(prompt[:p])
             ]
             if p > 0 and not parents:
                 raise AssertionError(f"{f.rid} starts at {p}, which no fragment of an earlier round computed")
-            depth[(r.round_id, f.rid)] = 1 + min(parents, default=0)
-        done.extend((r.round_id, f.rid, f.prefix_len, f.prefix_len + f.extend_len) for f in r.fragments)
-    return max(depth.values(), default=0)
+            shallowest = min(parents) if parents else None
+            tokens.append(f.extend_len)
+            parent.append(None if shallowest is None else shallowest[1])
+            depth.append(1 if shallowest is None else shallowest[0] + 1)
+        first = len(tokens) - len(r.fragments)
+        done.extend((first + k, f.rid, f.prefix_len, f.prefix_len + f.extend_len) for k, f in enumerate(r.fragments))
+    return tokens, parent, depth
+
+
+def dependency_depth(rounds: Sequence[RoundRecord], prompts: dict[str, Sequence[int]]) -> int:
+    """Longest chain of fragments, each starting from a prefix an earlier-round fragment computed (fragment_graph)."""
+    return max(fragment_graph(rounds, prompts)[2], default=0)
 
 
 def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: int = 512,
-           producer_rows: Optional[int] = None) -> ArmResult:
+           producer_rows: Optional[int] = None, chunk_last: Optional[bool] = None, optimum_s: float = 0.0
+           ) -> ArmResult:
     """Schedule the instance's queue with `arm` on SGLang's real prefill pass until it drains (producer_rows:
-    RADIXFLOW_PRODUCER_ROWS, which only the skip traversal uses; None: the arm's default, recorded for skip arms)."""
+    RADIXFLOW_PRODUCER_ROWS, chunk_last: RADIXFLOW_CHUNK_LAST, which only the skip traversal uses; None: the arm's
+    default; both recorded for skip arms). optimum_s > 0: also the fewest rounds these fragments could take
+    (bench/optimum.py), with that many seconds per solver step."""
     from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request  # torch + SGLang: lazy
 
     longest = max(len(p) for p in instance.prompts.values())
     h = PassHarness(
         HYBRID if instance.hybrid else FULL, arm=arm, token_budget=instance.T, rows=instance.S, slot_wait=slot_wait,
-        producer_rows=producer_rows,
+        producer_rows=producer_rows, chunk_last=chunk_last,
         # Pools big enough that nothing is evicted: the replay measures packing, not eviction.
         kv_size=instance.prompt_tokens + 2 * instance.T, mamba_cache_size=2 * len(instance.prompts) + 2 * instance.S,
         max_num_reqs=max(16, 2 * instance.S), max_context_len=longest + 64,
@@ -204,21 +221,30 @@ def replay(instance: Instance, arm: str, slot_wait: bool = False, max_rounds: in
     config = h.cache.rf_sched.config
     if config.traversal == "skip":  # the only traversal that reads it
         extra["producer_rows"] = config.producer_rows
-    return measure(arm, rounds, instance, extra)
+        extra["chunk_last"] = config.chunk_last
+    return measure(arm, rounds, instance, extra, optimum_s=optimum_s)
 
 
-def measure(arm: str, rounds: Sequence[RoundRecord], instance: Instance, extra: Optional[dict[str, Any]] = None) -> ArmResult:
-    """K, W, V, D, the lower bound and empty slots of an executed schedule (live or loaded from rounds.jsonl)."""
+def measure(arm: str, rounds: Sequence[RoundRecord], instance: Instance, extra: Optional[dict[str, Any]] = None,
+            optimum_s: float = 0.0) -> ArmResult:
+    """K, W, V, D, the lower bound and empty slots of an executed schedule (live or loaded from rounds.jsonl);
+    optimum_s > 0: also the fewest rounds its fragments could take (`fragment_optimum`)."""
     W = sum(r.tokens for r in rounds)  # noqa: N806
     V = sum(r.rows for r in rounds)  # noqa: N806
-    D = dependency_depth(rounds, instance.prompts)  # noqa: N806
+    tokens, parent, depth = fragment_graph(rounds, instance.prompts)
+    D = max(depth, default=0)  # noqa: N806
     bound = round_lower_bound(W, V, D, S=instance.S, T=instance.T)
     fragments = [(f.prefix_len, f.extend_len) for r in rounds for f in r.fragments]
+    extra = dict(extra or {})
+    if optimum_s > 0 and rounds:
+        best = fewest_rounds(tokens, parent, instance.S, instance.T, rounds=len(rounds), lower_bound=bound,
+                             time_limit_s=optimum_s)
+        extra["fragment_optimum"] = {"rounds": best.rounds, "proven": best.proven}
     return ArmResult(
         arm=arm, rounds=tuple(rounds), tokens=W, row_visits=V, depth=D, lower_bound=bound,
         first_round_bound=max(bound, first_round_bound(fragments, instance.S, instance.T)),
         empty_slots=empty_row_slots([r.rows for r in rounds], instance.S),
-        cached_tokens=instance.prompt_tokens - W, extra=dict(extra or {}),
+        cached_tokens=instance.prompt_tokens - W, extra=extra,
     )
 
 
@@ -233,7 +259,8 @@ def instance_entry(inst: Instance) -> dict[str, Any]:
 
 
 def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], slot_wait: bool = False,
-               log: Log = print, producer_rows: Optional[int] = None) -> dict[str, Any]:
+               log: Log = print, producer_rows: Optional[int] = None, chunk_last: Optional[bool] = None,
+               optimum_s: float = 0.0) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"kind": "replay", "target_ratio": TARGET_RATIO, "instances": {}}
     for inst in instances:
@@ -241,8 +268,9 @@ def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], sl
         inst_dir = out / inst.name
         inst_dir.mkdir(exist_ok=True)
         for arm in arms:
-            rows = producer_rows if ARMS[arm].traversal == "skip" else None  # only the skip traversal reads it
-            res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang", producer_rows=rows)
+            skip = ARMS[arm].traversal == "skip"  # the only traversal that reads producer rows and chunk-last
+            res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang", producer_rows=producer_rows if skip else None,
+                         chunk_last=chunk_last if skip else None, optimum_s=optimum_s)
             entry["arms"][arm] = res.to_dict(inst.S)
             write_rounds(inst_dir / f"{arm}.rounds.jsonl", res.rounds)
             log(f"[{inst.name}] {arm}: {res.K} rounds, lower bound {res.lower_bound} (W={res.tokens}, "
@@ -262,7 +290,8 @@ def rebuild(out: Path) -> dict[str, Any]:
         inst = make_instance(**saved.get("params") or {"name": name})
         entry = instance_entry(inst)
         for arm in saved["arms"]:
-            extra = {k: saved["arms"][arm][k] for k in ("slot_wait", "producer_rows") if k in saved["arms"][arm]}
+            extra = {k: saved["arms"][arm][k] for k in ("slot_wait", "producer_rows", "chunk_last", "fragment_optimum")
+                     if k in saved["arms"][arm]}
             entry["arms"][arm] = measure(arm, read_rounds(out / name / f"{arm}.rounds.jsonl"), inst, extra).to_dict(
                 inst.S)
         summary["instances"][name] = entry
@@ -285,22 +314,24 @@ def format_report(summary: dict[str, Any], figures: Sequence[str] = ()) -> str:
         "over the fragments the arm itself executed; first-round bound: also max(1 + ⌈(V − a₁)/S⌉, 1 + ⌈(W − w₁)/T⌉), "
         "since round 1 can only run fragments starting at 0 (nothing is cached yet), at most a₁ rows (the most of the "
         "shortest such fragments that fit T) and w₁ = min(T, their tokens); floor = max(⌈min tokens/T⌉, "
-        "⌈requests/S⌉), a bound for any arm (min tokens: every shared prefix computed once). Target: radixflow rounds "
-        f"≤ {summary['target_ratio']} × lower bound.", "",
+        "⌈requests/S⌉), a bound for any arm (min tokens: every shared prefix computed once). Fewest possible "
+        "(`--optimum`): the fewest rounds in which the arm's own fragments can run with all three constraints held "
+        "together (an integer program; ≤ k: the solver's time ran out before it proved k − 1 impossible). Target: "
+        f"radixflow rounds ≤ {summary['target_ratio']} × lower bound.", "",
     ]
     for name, inst in summary["instances"].items():
         lines += [
             f"## {name}", "",
             f"{inst['description']}. S = {inst['S']}, T = {inst['T']}, {inst['requests']} requests, "
             f"{inst['prompt_tokens']} prompt tokens, min tokens {inst['min_tokens']}, floor {inst['floor']} rounds.", "",
-            "| arm | rounds | lower bound | rounds / bound | first-round bound | W (tokens computed) | V (rows) | D | "
-            "empty slots | rows per round |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| arm | rounds | lower bound | rounds / bound | first-round bound | fewest possible | W (tokens computed) "
+            "| V (rows) | D | empty slots | rows per round |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for arm, a in inst["arms"].items():
             lines.append(
                 f"| {arm} | {a['rounds']} | {a['lower_bound']} | {a['rounds_over_bound']:.3f} | "
-                f"{a.get('first_round_bound', '—')} | "
+                f"{a.get('first_round_bound', '—')} | {fewest_cell(a.get('fragment_optimum'))} | "
                 f"{a['tokens_computed']} | {a['row_visits']} | {a['depth']} | {a['empty_slots']} | "
                 f"{' '.join(str(x) for x in a['rows_per_round'])} |"
             )
@@ -309,6 +340,12 @@ def format_report(summary: dict[str, Any], figures: Sequence[str] = ()) -> str:
     lines += ["", "Per-round fragments: `<instance>/<arm>.rounds.jsonl` (`radixflow report DIR` rebuilds this report "
               "from them).", ""]
     return "\n".join(lines)
+
+
+def fewest_cell(optimum: Optional[dict[str, Any]]) -> str:
+    if not optimum:
+        return "—"
+    return str(optimum["rounds"]) if optimum["proven"] else f"≤ {optimum['rounds']}"
 
 
 def add_arguments(parser: Any) -> None:
@@ -326,6 +363,12 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--producer-rows", type=int, default=None, metavar="R",
                         help="RADIXFLOW_PRODUCER_ROWS=R for the skip arms (radixflow, radixflow+frag); default: the "
                              f"arms' own ({ARMS['radixflow'].producer_rows}); 0 = the paper's FCFS scan")
+    parser.add_argument("--optimum", type=float, default=0.0, metavar="SECONDS",
+                        help="also solve for the fewest rounds each arm's fragments could take (an exact lower bound; "
+                             "SciPy's MILP solver, at most SECONDS per step); default 0: off")
+    parser.add_argument("--chunk-last", choices=("on", "off"), default=None,
+                        help="RADIXFLOW_CHUNK_LAST for the skip arms; default: the arms' own "
+                             f"({'on' if ARMS['radixflow'].chunk_last else 'off'})")
 
 
 def main(args: Any) -> int:
@@ -345,7 +388,11 @@ def main(args: Any) -> int:
     if args.producer_rows is not None and args.producer_rows < 0:
         raise SystemExit(f"--producer-rows {args.producer_rows}: allowed: an integer >= 0")
     out = Path(args.out)
-    run_replay(out, instances, arms, slot_wait=args.slot_wait, producer_rows=args.producer_rows)
+    chunk_last = None if args.chunk_last is None else args.chunk_last == "on"
+    if args.optimum < 0:
+        raise SystemExit(f"--optimum {args.optimum}: allowed: seconds >= 0 (0: off)")
+    run_replay(out, instances, arms, slot_wait=args.slot_wait, producer_rows=args.producer_rows, chunk_last=chunk_last,
+               optimum_s=args.optimum)
     print((out / "report.md").read_text())
     print(f"wrote {out}/summary.json and {out}/report.md")
     return 0

@@ -37,6 +37,8 @@ def release_staged(req: Any, tree_cache: Any) -> None:
 class RadixFlowPrefillAdder(PrefillAdder):
     _rf_plan: Optional[ProducerPlan] = None
     _rf_may_chunk: bool = False
+    _rf_producer: Any = None  # while a prefix request is selected: its producer (the request the scan holds)
+    _rf_cut_held: bool = False  # the request being added was held by chunk_last (the scan offers it again)
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
         # Runs for every request the scan examines: the common case (no promise open, no sibling waiting) is kept to
@@ -79,6 +81,9 @@ class RadixFlowPrefillAdder(PrefillAdder):
             self._rf_plan = None
         if self.can_run_list and self.can_run_list[-1] is req:
             sched.note_admitted(req, plan, hit)
+        elif self._rf_cut_held:
+            self._rf_cut_held = False
+            release_staged(req, self.tree_cache)
         return result
 
     def _needs_prefix_request(self, req: Any, plan: ProducerPlan, sched: Any) -> bool:
@@ -102,12 +107,17 @@ class RadixFlowPrefillAdder(PrefillAdder):
         release_staged(req, self.tree_cache)
         prefix = make_prefix_request(req, plan.boundary)
         prefix.init_next_round_input(self.tree_cache)
-        result = super().add_one_req(prefix, has_chunked_req, truncation_align_size)
+        self._rf_producer = req  # chunk_last holds the producer, which is in the queue, not its prefix request
+        try:
+            result = super().add_one_req(prefix, has_chunked_req, truncation_align_size)
+        finally:
+            self._rf_producer = None
         if self.can_run_list and self.can_run_list[-1] is prefix:
             sched.note_admitted(prefix, plan, token_hit(prefix))
             sched.note_prefix_request(req, prefix)
             return result
-        release_staged(prefix, self.tree_cache)  # not admitted (budget): it never existed
+        self._rf_cut_held = False
+        release_staged(prefix, self.tree_cache)  # not admitted (budget, or held): it never existed
         return result
 
     def _plan(self, req: Any, sched: Any, hit: int) -> Optional[ProducerPlan]:
@@ -187,6 +197,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
             # a second one never arises; after a chunk cut at a producer boundary budget is left, and a second
             # chunked admission would replace the first. End the scan as native budget exhaustion would.
             return AddReqResult.OTHER
+        if not isinstance(admission, AddReqResult) and admission.is_chunked and self._holds_cut(req, admission):
+            return AddReqResult.CONTINUE
         plan = self._rf_plan
         if plan is None or isinstance(admission, AddReqResult):
             return admission
@@ -201,6 +213,21 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return dataclasses.replace(
             admission, extend_len=plan.boundary - admission.prefix_len, max_new_tokens=0, is_chunked=True
         )
+
+    def _holds_cut(self, req: Any, admission: _PrefillAdmission) -> bool:
+        """RADIXFLOW_CHUNK_LAST: SGLang cut this admission to the budget left: the scan holds the request (a prefix
+        request's producer) and offers it again after whole requests behind it had their turn. Not when the cut is
+        at or past a producer's boundary b (no_buffer: its extend is cut at b anyway, and b fits)."""
+        plan = self._rf_plan
+        if (
+            plan is not None and plan.mode is PublishMode.CHUNK_END and self._rf_may_chunk
+            and admission.prefix_len < plan.boundary <= admission.prefix_len + admission.extend_len
+        ):
+            return False
+        extend = len(req.full_untruncated_fill_ids) - admission.prefix_len
+        held = req if self._rf_producer is None else self._rf_producer
+        self._rf_cut_held = self.tree_cache.rf_sched.holds_cut(held, extend)
+        return self._rf_cut_held
 
     def _track_admission(self, admission: _PrefillAdmission, plan: ProducerPlan) -> "_PrefillAdmission | AddReqResult":
         """extra_buffer: SGLang snapshots a state inside an extend only on the cache-chunk grid counted from that

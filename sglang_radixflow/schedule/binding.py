@@ -85,7 +85,7 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
         decision = sched.gate.decide(waiting=waiting, worker_busy=busy, row_budget=rows, token_budget=tokens)
         if sched.gate.settle(decision, _decide_once(scheduler, decision.hold)):
             return None, running_batch
-    sched.begin_pass(scheduler.forward_ct + 1, waiting, rows)
+    sched.begin_pass(scheduler.forward_ct + 1, waiting, rows, tokens)
     # (With LoRA on, SGLang's scan skips requests whose adapter cannot load before it examines them.)
     screened = sched.traversal == "skip" and not getattr(scheduler, "enable_lora", False)
     queue = scan_queue.install(scheduler, sched) if screened else None

@@ -35,6 +35,7 @@ logger = logging.getLogger("sglang_radixflow")
 DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: rounds this request was deferred as Blocked
 SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
 SLOT_WAIT_FACTOR = 4  # slot waits are bounded at this multiple of max_defer_rounds (the slot frees every round)
+CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that offered it last because it would be cut (chunk_last)
 FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
 FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
 
@@ -53,6 +54,7 @@ class PassStats:
     prefix_requests: int = 0
     adopted: int = 0  # in-flight requests adopted as producers (promises registered for them this pass)
     held: int = 0  # Ready non-producers passed over for producers behind them (producer_rows), then offered again
+    cut_held: int = 0  # requests the budget would cut, passed over for whole ones behind them (chunk_last), then offered
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
     admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
     token_hit_sum: int = 0
@@ -93,9 +95,11 @@ class SchedulingState:
         self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
         self._examined = 0  # requests SGLang handed to the adder (identifies the scan's own iteration)
         self._examined_at_begin = 0  # _examined when this pass began: an iteration starting later is not the scan
-        # Producer rows (config.producer_rows = R): while the scan has not looked `lookahead` requests past the first
-        # held one, a Ready non-producer beyond S - R admitted non-producers is held, and offered again after that.
+        # Held requests: passed over by the scan and offered again once it has looked `lookahead` requests past the
+        # first held one. Producer rows (config.producer_rows = R): a Ready non-producer beyond S - R admitted
+        # non-producers. Chunk-last (config.chunk_last): a request the rest of the token budget would cut.
         self._row_budget: Optional[int] = None
+        self._token_budget: Optional[int] = None
         self._scanning = False  # the scan's own iteration is under way (only it can offer held requests again)
         self._held: list[Any] = []
         self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
@@ -126,12 +130,14 @@ class SchedulingState:
         self.disable_hold(reason)
         self.config = replace(self.config, fragmentation=False)
 
-    def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None) -> None:
+    def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None,
+                   token_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         self.current = PassStats(round_id=round_id, waiting=len(waiting))
         self._waiting = waiting
         self._examined_at_begin = self._examined
         self._row_budget = row_budget
+        self._token_budget = token_budget
         self._scanning = False
         self._held = []
         self._first_hold_at = None
@@ -232,12 +238,35 @@ class SchedulingState:
             return False
         if self._non_producers < self._row_budget - min(rows, self._row_budget - 1) or is_cache_only(req):
             return False
-        if self._first_hold_at is None:
-            self._first_hold_at = self._scan_pos
-        self._held.append(req)
+        self._hold(req)
         assert self.current is not None
         self.current.held += 1
         return True
+
+    def holds_cut(self, req: Any, extend: int) -> bool:
+        """Whether the scan should pass over `req`, which the rest of the pass's token budget would cut into a chunk
+        (chunk_last). SGLang's chunk takes whatever budget is left and ends the scan, so every whole request behind
+        it waits a round; held, `req` is offered again once the scan has looked `_lookahead` positions further (or at
+        the end of the queue) and is cut then from what the whole ones left. A request that fits one full budget
+        (`extend` <= T) would need next round anyway: cut now, its rest continues first next round; not admitted at
+        all, it keeps its place in the queue. A longer one is never held (a smaller first chunk could cost it a round).
+        At most max_defer_rounds passes per request."""
+        if not self.config.chunk_last or not self._scanning or self._first_hold_at == -1:
+            return False
+        if self._token_budget is None or extend > self._token_budget:
+            return False
+        if getattr(req, CUT_HOLDS, 0) >= self.config.max_defer_rounds:
+            return False
+        setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
+        self._hold(req)
+        assert self.current is not None
+        self.current.cut_held += 1
+        return True
+
+    def _hold(self, req: Any) -> None:
+        if self._first_hold_at is None:
+            self._first_hold_at = self._scan_pos
+        self._held.append(req)
 
     def note_examined(self) -> None:
         """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
@@ -526,11 +555,12 @@ class SchedulingState:
         """A pass that admitted nothing launches no round, so it has no record of its own: when it deferred requests
         (every one Blocked, e.g. on an in-flight producer) its counts join the next pass record, with `empty_passes`
         saying how many such passes there were. (Passes over an empty queue or a full batch count nothing.)"""
-        if not (stats.blocked_skips or stats.fragment_skips or stats.adopted or stats.held):
+        if not (stats.blocked_skips or stats.fragment_skips or stats.adopted or stats.held or stats.cut_held):
             return
         carried = self._carried
         for name, value in (("blocked_skips", stats.blocked_skips), ("blocked_screened", stats.screened),
                             ("fragment_skips", stats.fragment_skips), ("producer_holds", stats.held),
+                            ("cut_holds", stats.cut_held),
                             ("adopted_producers", stats.adopted), ("empty_passes", 1)):
             carried[name] = carried.get(name, 0) + value
 
@@ -549,7 +579,8 @@ class SchedulingState:
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
             "admission_holds": holds,  # scheduler steps that held arrivals since the previous pass record
             "blocked_skips": stats.blocked_skips, "blocked_screened": stats.screened,
-            "fragment_skips": stats.fragment_skips, "producer_holds": stats.held, "deferred": len(waiting_after), "producers": stats.producers,
+            "fragment_skips": stats.fragment_skips, "producer_holds": stats.held, "cut_holds": stats.cut_held,
+            "deferred": len(waiting_after), "producers": stats.producers,
             "prefix_requests": stats.prefix_requests, "adopted_producers": stats.adopted,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,
             "state_hit_sum": stats.state_hit_sum, "admitted": [str(r.rid) for r in stats.admitted_reqs],
