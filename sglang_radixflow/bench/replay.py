@@ -269,8 +269,9 @@ def run_replay(out: Path, instances: Sequence[Instance], arms: Sequence[str], sl
         inst_dir.mkdir(exist_ok=True)
         for arm in arms:
             skip = ARMS[arm].traversal == "skip"  # the only traversal that reads producer rows and chunk-last
-            res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang", producer_rows=producer_rows if skip else None,
-                         chunk_last=chunk_last if skip else None, optimum_s=optimum_s)
+            res = replay(inst, arm, slot_wait=slot_wait and arm != "sglang",
+                         producer_rows=producer_rows if skip else None, chunk_last=chunk_last if skip else None,
+                         optimum_s=optimum_s)
             entry["arms"][arm] = res.to_dict(inst.S)
             write_rounds(inst_dir / f"{arm}.rounds.jsonl", res.rounds)
             log(f"[{inst.name}] {arm}: {res.K} rounds, lower bound {res.lower_bound} (W={res.tokens}, "

@@ -54,7 +54,7 @@ class PassStats:
     prefix_requests: int = 0
     adopted: int = 0  # in-flight requests adopted as producers (promises registered for them this pass)
     held: int = 0  # Ready non-producers passed over for producers behind them (producer_rows), then offered again
-    cut_held: int = 0  # requests the budget would cut, passed over for whole ones behind them (chunk_last), then offered
+    cut_held: int = 0  # requests the budget would cut, passed over for whole ones behind (chunk_last), then offered
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
     admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
     token_hit_sum: int = 0
