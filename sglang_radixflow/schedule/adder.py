@@ -217,12 +217,16 @@ class RadixFlowPrefillAdder(PrefillAdder):
     def _holds_cut(self, req: Any, admission: _PrefillAdmission) -> bool:
         """RADIXFLOW_CHUNK_LAST: SGLang cut this admission to the budget left: the scan holds the request (a prefix
         request's producer) and offers it again after whole requests behind it had their turn. Not when the cut is
-        at or past a producer's boundary b (no_buffer: its extend is cut at b anyway, and b fits)."""
+        at or past a producer's boundary b (no_buffer: its extend is cut at b anyway, and b fits), and never for a
+        request with a host-tier hit (HiCache): SGLang selects it a second time after queueing its load-back, and a
+        request passed over then would leave that load without its consumer."""
         plan = self._rf_plan
         if (
             plan is not None and plan.mode is PublishMode.CHUNK_END and self._rf_may_chunk
             and admission.prefix_len < plan.boundary <= admission.prefix_len + admission.extend_len
         ):
+            return False
+        if req.host_hit_length:
             return False
         extend = len(req.full_untruncated_fill_ids) - admission.prefix_len
         held = req if self._rf_producer is None else self._rf_producer
