@@ -256,8 +256,8 @@ class SchedulingState:
         it waits a round; held, `req` is offered again once the scan has looked `_lookahead` positions further (or at
         the end of the queue, or after CUT_RUN_LIMIT more cut in a row) and is cut then from what the whole ones
         left. A request that fits one full budget (`extend` <= T) would need next round anyway: cut now, its rest
-        continues first next round; not admitted at all, it keeps its place in the queue. A longer one is never held (a smaller first chunk could cost it a round).
-        At most max_defer_rounds passes per request."""
+        continues first next round; not admitted at all, it keeps its place in the queue. A longer one is never held
+        (a smaller first chunk could cost it a round). At most max_defer_rounds passes per request."""
         if not self.config.chunk_last or not self._scanning or self._first_hold_at == -1:
             return False
         if self._token_budget is None or extend > self._token_budget:
