@@ -38,6 +38,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
     _rf_plan: Optional[ProducerPlan] = None
     _rf_may_chunk: bool = False
     _rf_producer: Any = None  # while a prefix request is selected: its producer (the request the scan holds)
+    _rf_producer_plan: Optional[ProducerPlan] = None  # and the producer's plan
     _rf_cut_held: bool = False  # the request being added was held by chunk_last (the scan offers it again)
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
@@ -107,11 +108,12 @@ class RadixFlowPrefillAdder(PrefillAdder):
         release_staged(req, self.tree_cache)
         prefix = make_prefix_request(req, plan.boundary)
         prefix.init_next_round_input(self.tree_cache)
-        self._rf_producer = req  # chunk_last holds the producer, which is in the queue, not its prefix request
+        # chunk_last holds the producer, which is in the queue, not its prefix request
+        self._rf_producer, self._rf_producer_plan = req, plan
         try:
             result = super().add_one_req(prefix, has_chunked_req, truncation_align_size)
         finally:
-            self._rf_producer = None
+            self._rf_producer, self._rf_producer_plan = None, None
         if self.can_run_list and self.can_run_list[-1] is prefix:
             sched.note_admitted(prefix, plan, token_hit(prefix))
             sched.note_prefix_request(req, prefix)
@@ -229,8 +231,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         if req.host_hit_length:
             return False
         extend = len(req.full_untruncated_fill_ids) - admission.prefix_len
-        held = req if self._rf_producer is None else self._rf_producer
-        self._rf_cut_held = self.tree_cache.rf_sched.holds_cut(held, extend)
+        held, held_plan = (req, plan) if self._rf_producer is None else (self._rf_producer, self._rf_producer_plan)
+        self._rf_cut_held = self.tree_cache.rf_sched.holds_cut(held, extend, held_plan, token_hit(held))
         return self._rf_cut_held
 
     def _track_admission(self, admission: _PrefillAdmission, plan: ProducerPlan) -> "_PrefillAdmission | AddReqResult":

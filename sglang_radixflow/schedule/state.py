@@ -109,6 +109,8 @@ class SchedulingState:
         self._held: list[Any] = []
         self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
         self._cut_run = 0  # requests held in a row because the budget left would cut them (chunk_last)
+        # Waiting siblings of a cut request that share what it would compute (chunk_last): held with it, unmatched.
+        self._held_with: dict[int, Any] = {}
         self._scan_pos = 0  # queue position of the request the scan is on
         self._non_producers = 0
         # Full attention and extra_buffer hybrids: requests admitted by recent passes whose round's KV (and tracked
@@ -148,6 +150,7 @@ class SchedulingState:
         self._held = []
         self._first_hold_at = None
         self._cut_run = 0
+        self._held_with = {}
         self._non_producers = 0
         self._index_fresh = False
         self._known_blocked = {}
@@ -172,6 +175,7 @@ class SchedulingState:
         self._known_blocked = {}
         self._screened = []  # the scan ended before examining another request: they were never reached
         self._held = []  # still queued: SGLang removes only what it admitted
+        self._held_with = {}
         self._scanning = False
         return stats
 
@@ -199,8 +203,10 @@ class SchedulingState:
         SGLang goes on to examine the next request; a queue that ends on skipped requests yields its last one so that
         SGLang's checks decide there too (it then gets add_one_req's own verdict).
         Producer rows: the requests `holds_for_producers` passed over are yielded again once the scan is `_lookahead`
-        positions past the first of them, or at the end of the queue, so they still get the rows left in this pass."""
-        known = self._known_blocked
+        positions past the first of them, or at the end of the queue, so they still get the rows left in this pass.
+        Chunk-last's held requests likewise; the siblings held with a cut one (`holds_cut`) are held at their own
+        positions without being matched."""
+        known, held_with = self._known_blocked, self._held_with
         bound = self.config.max_defer_rounds
         start, scan = self._examined, False
         run: list[Any] = []  # skipped since the last request yielded
@@ -214,6 +220,9 @@ class SchedulingState:
                 yield from self._offer_held()
             if scan and known and id(req) in known and getattr(req, DEFER_COUNT, 0) < bound:
                 run.append(req)
+                continue
+            if scan and held_with and id(req) in held_with:
+                self._hold_cut(held_with.pop(id(req)))
                 continue
             if run:
                 self._screened.extend(run)
@@ -250,26 +259,38 @@ class SchedulingState:
         self.current.held += 1
         return True
 
-    def holds_cut(self, req: Any, extend: int) -> bool:
+    def holds_cut(self, req: Any, extend: int, plan: Optional[ProducerPlan] = None, token_hit: int = 0) -> bool:
         """Whether the scan should pass over `req`, which the rest of the pass's token budget would cut into a chunk
         (chunk_last). SGLang's chunk takes whatever budget is left and ends the scan, so every whole request behind
         it waits a round; held, `req` is offered again once the scan has looked `_lookahead` positions further (or at
         the end of the queue, or after CUT_RUN_LIMIT more cut in a row) and is cut then from what the whole ones
         left. A request that fits one full budget (`extend` <= T) would need next round anyway: cut now, its rest
         continues first next round; not admitted at all, it keeps its place in the queue. A longer one is never held
-        (a smaller first chunk could cost it a round). At most max_defer_rounds passes per request."""
+        (a smaller first chunk could cost it a round). At most max_defer_rounds passes per request.
+
+        `plan`: req's producer plan, if it has one (`token_hit`: its ĥ). Its waiting siblings that share at least
+        min_gain tokens of its prefix past what the tree holds are held with it, unmatched (`screen`): admitted
+        before it they would compute that prefix once more, and one as big would be cut too."""
         if not self.config.chunk_last or not self._scanning or self._first_hold_at == -1:
             return False
         if self._token_budget is None or extend > self._token_budget:
             return False
         if getattr(req, CUT_HOLDS, 0) >= self.config.max_defer_rounds:
             return False
+        self._hold_cut(req)
+        if plan is not None:
+            need = token_hit + self.config.min_gain_tokens
+            for sib, served in self._consumers(plan):
+                if served >= need and getattr(sib, CUT_HOLDS, 0) < self.config.max_defer_rounds:
+                    self._held_with[id(sib)] = sib
+        return True
+
+    def _hold_cut(self, req: Any) -> None:
         setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
         self._hold(req)
-        self._cut_run += 1
+        self._cut_run += 1  # siblings held with a cut request count too, as when each was matched and cut
         assert self.current is not None
         self.current.cut_held += 1
-        return True
 
     def _hold(self, req: Any) -> None:
         if self._first_hold_at is None:

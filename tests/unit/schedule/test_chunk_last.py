@@ -5,6 +5,7 @@ finishes its prefill in the same round as without it; nothing is dropped or leak
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.bench.replay import make_instance, replay
@@ -13,6 +14,7 @@ from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 from sglang_radixflow.schedule.state import CUT_RUN_LIMIT
 
 import pytest
+from sglang.srt.managers.schedule_batch import Req
 
 
 def prompt(start: int, length: int) -> list[int]:
@@ -120,6 +122,43 @@ def test_a_whole_request_breaks_the_run_of_cut_ones() -> None:
     _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
     record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
     assert record["admitted"] == ["u0", "s0", "s1", "c0"]
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_siblings_of_a_cut_producer_are_held_with_it_unmatched(components: Any) -> None:
+    """A producer the budget left would cut is held; its waiting siblings share its uncached document, so each would
+    be cut too (and, admitted first, would compute the document once more): they are held with it without SGLang
+    matching them, and still count toward the run of cut requests. The round admits what it admitted when they were
+    matched and cut; every sibling then starts from the producer's boundary."""
+    doc = prompt(50_000, 300)
+
+    def reqs() -> list[Any]:
+        group = [make_request(f"g{c}", doc + prompt(60_000 + 10 * c, 8)) for c in range(4)]
+        return [make_request("u0", prompt(1, 250))] + group + [make_request("s0", prompt(5001, 40))]
+
+    matched: list[str] = []
+    match = Req.init_next_round_input
+
+    def counting(self: Req, *args: Any, **kwargs: Any) -> Any:
+        matched.append(str(self.rid))
+        return match(self, *args, **kwargs)
+
+    h = PassHarness(components, token_budget=400, rows=8, kv_size=16384, mamba_cache_size=64, producer_rows=0,
+                    chunk_last=True)
+    h.submit(*reqs())
+    with mock.patch.object(Req, "init_next_round_input", counting):
+        h.run_pass()
+    _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
+    record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
+    assert not {"g1", "g2", "g3"} & set(matched)  # held with g0, never matched
+    assert record["cut_holds"] == 4
+    producer = "g0" if components is FULL else f"g0{PREFIX_RID_MARK}{len(doc)}"
+    assert record["admitted"] == ["u0", "s0", producer]
+    h.execute()
+    rounds = [[(f.rid, f.prefix_len, f.extend_len) for f in r.fragments] for r in h.run_rounds()]
+    h.assert_idle_invariants()
+    consumers = [f for r in rounds for f in r if f[0] in ("g1", "g2", "g3")]
+    assert sorted(f[0] for f in consumers) == ["g1", "g2", "g3"] and {f[1] for f in consumers} == {len(doc)}
 
 
 def test_the_round_record_counts_cut_holds() -> None:
