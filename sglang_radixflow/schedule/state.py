@@ -35,11 +35,13 @@ logger = logging.getLogger("sglang_radixflow")
 DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: rounds this request was deferred as Blocked
 SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
 SLOT_WAIT_FACTOR = 4  # slot waits are bounded at this multiple of max_defer_rounds (the slot frees every round)
-# Chunk-last looks past a cut request for whole ones that fit the budget left; this many more cut in a row show the
-# queue ahead holds requests bigger than what is left, and the held ones are offered at once. Without it a token-bound
-# pass over a long queue matched S more requests, every one cut (2.5x native's pass at S = 64 with 1000 waiting); 8
-# keeps every replay round count of the calibrated S = 8 (2 to 6 cost mc-cold or mc-mixed a round).
-CUT_RUN_LIMIT = 8
+# The skip scan looks S positions past its first held request (chunk-last: a cut one, looking for whole ones that fit
+# the budget left; producer rows: a Ready non-producer, looking for producers). This many more held in a row show the
+# queue ahead holds nothing it looks for, and the held ones are offered at once. Without it a pass over a long queue
+# matched S more requests, every one held (chunk-last: 2.5x native's pass at S = 64 with 1000 waiting; producer rows:
+# 129 matched for 64 admitted on a queue of Ready consumers); 8 keeps every replay round count of the calibrated S = 8
+# (2 to 6 cost mc-cold or mc-mixed a round).
+HOLD_RUN_LIMIT = 8
 CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that offered it last because it would be cut (chunk_last)
 FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
 FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
@@ -108,7 +110,7 @@ class SchedulingState:
         self._scanning = False  # the scan's own iteration is under way (only it can offer held requests again)
         self._held: list[Any] = []
         self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
-        self._cut_run = 0  # requests held in a row because the budget left would cut them (chunk_last)
+        self._hold_run = 0  # requests held in a row (chunk_last, producer rows): HOLD_RUN_LIMIT
         # Waiting siblings of a cut request that share what it would compute (chunk_last): held with it, unmatched.
         self._held_with: dict[int, Any] = {}
         self._scan_pos = 0  # queue position of the request the scan is on
@@ -149,7 +151,7 @@ class SchedulingState:
         self._scanning = False
         self._held = []
         self._first_hold_at = None
-        self._cut_run = 0
+        self._hold_run = 0
         self._held_with = {}
         self._non_producers = 0
         self._index_fresh = False
@@ -214,7 +216,7 @@ class SchedulingState:
             if not scan and self._examined != start:
                 scan = self._scanning = True
             self._scan_pos = pos
-            if self._held and (pos - self._first_hold_at > self._lookahead() or self._cut_run > CUT_RUN_LIMIT):
+            if self._held and (pos - self._first_hold_at > self._lookahead() or self._hold_run > HOLD_RUN_LIMIT):
                 self._screened.extend(run)
                 run = []
                 yield from self._offer_held()
@@ -247,14 +249,16 @@ class SchedulingState:
 
     def holds_for_producers(self, req: Any) -> bool:
         """Whether the scan should pass over this Ready non-producer for producers behind it (producer_rows): it would
-        take one of the last R rows. Only during the scan's own iteration, which offers it again (_offer_held); never a
-        cache-only request (it exists to leave its states). Off (R = 0) it costs one attribute read per request."""
+        take one of the last R rows. Only during the scan's own iteration, which offers it again (_offer_held) S
+        positions later, or after HOLD_RUN_LIMIT more held in a row (no producer among them); never a cache-only
+        request (it exists to leave its states). Off (R = 0) it costs one attribute read per request."""
         rows = self.config.producer_rows
         if not rows or not self._scanning or self._row_budget is None or self._first_hold_at == -1:
             return False
         if self._non_producers < self._row_budget - min(rows, self._row_budget - 1) or is_cache_only(req):
             return False
         self._hold(req)
+        self._hold_run += 1
         assert self.current is not None
         self.current.held += 1
         return True
@@ -263,7 +267,7 @@ class SchedulingState:
         """Whether the scan should pass over `req`, which the rest of the pass's token budget would cut into a chunk
         (chunk_last). SGLang's chunk takes whatever budget is left and ends the scan, so every whole request behind
         it waits a round; held, `req` is offered again once the scan has looked `_lookahead` positions further (or at
-        the end of the queue, or after CUT_RUN_LIMIT more cut in a row) and is cut then from what the whole ones
+        the end of the queue, or after HOLD_RUN_LIMIT more held in a row) and is cut then from what the whole ones
         left. A request that fits one full budget (`extend` <= T) would need next round anyway: cut now, its rest
         continues first next round; not admitted at all, it keeps its place in the queue. A longer one is never held
         (a smaller first chunk could cost it a round). At most max_defer_rounds passes per request.
@@ -288,7 +292,7 @@ class SchedulingState:
     def _hold_cut(self, req: Any) -> None:
         setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
         self._hold(req)
-        self._cut_run += 1  # siblings held with a cut request count too, as when each was matched and cut
+        self._hold_run += 1  # siblings held with a cut request count too, as when each was matched and cut
         assert self.current is not None
         self.current.cut_held += 1
 
@@ -466,7 +470,7 @@ class SchedulingState:
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
         current = self.current
         assert current is not None
-        self._cut_run = 0  # a whole request fitted: the run of cut ones is broken
+        self._hold_run = 0  # admitted (a whole request; past S - R rows a producer): the run of held ones is broken
         current.admitted_reqs.append(req)
         current.admitted_ids.add(id(req))
         state_hit = int(req.prefix_len)

@@ -11,7 +11,7 @@ from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_reques
 from sglang_radixflow.bench.replay import make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
 from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
-from sglang_radixflow.schedule.state import CUT_RUN_LIMIT
+from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT
 
 import pytest
 from sglang.srt.managers.schedule_batch import Req
@@ -98,7 +98,7 @@ def test_holds_are_bounded_per_request() -> None:
 
 def test_a_run_of_cut_requests_ends_the_look_past() -> None:
     """A token-bound pass over a long queue of requests each bigger than the budget left: the scan stops looking past
-    the first cut one after CUT_RUN_LIMIT more cut in a row (each would cost SGLang a match) instead of S positions,
+    the first cut one after HOLD_RUN_LIMIT more cut in a row (each would cost SGLang a match) instead of S positions,
     and the first one still gets the chunk."""
     h = PassHarness(FULL, token_budget=400, rows=64, kv_size=65536, producer_rows=0, chunk_last=True)
     h.submit(make_request("u0", prompt(1, 350)),
@@ -107,14 +107,14 @@ def test_a_run_of_cut_requests_ends_the_look_past() -> None:
     _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
     record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
     assert record["admitted"] == ["u0", "c0"]
-    assert record["cut_holds"] == CUT_RUN_LIMIT + 1  # c0 and the CUT_RUN_LIMIT behind it, not the 39 behind it
+    assert record["cut_holds"] == HOLD_RUN_LIMIT + 1  # c0 and the HOLD_RUN_LIMIT behind it, not the 39 behind it
 
 
 def test_a_whole_request_breaks_the_run_of_cut_ones() -> None:
     """The bound counts cut requests in a row: one that fits starts the count again, so a short request found after
     a long run of cut ones is still admitted whole."""
-    big = [make_request(f"c{i}", prompt(10_000 + 1000 * i, 100)) for i in range(CUT_RUN_LIMIT)]
-    more = [make_request(f"d{i}", prompt(60_000 + 1000 * i, 100)) for i in range(CUT_RUN_LIMIT)]
+    big = [make_request(f"c{i}", prompt(10_000 + 1000 * i, 100)) for i in range(HOLD_RUN_LIMIT)]
+    more = [make_request(f"d{i}", prompt(60_000 + 1000 * i, 100)) for i in range(HOLD_RUN_LIMIT)]
     h = PassHarness(FULL, token_budget=400, rows=64, kv_size=65536, producer_rows=0, chunk_last=True)
     h.submit(make_request("u0", prompt(1, 350)), *big, make_request("s0", prompt(5001, 20)), *more,
              make_request("s1", prompt(7001, 20)))

@@ -9,6 +9,7 @@ from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_reques
 from sglang_radixflow.bench.replay import figure1_instance, make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
 from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT
 
 import pytest
 
@@ -61,6 +62,19 @@ def test_the_round_record_counts_producer_holds() -> None:
     record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
     # u2..u5 passed over (nothing behind them to make room for), u2 and u3 then admitted in the same pass.
     assert record["producer_holds"] == 4 and record["admitted"] == ["u0", "u1", "u2", "u3"]
+
+
+def test_a_run_of_held_requests_ends_the_look_ahead() -> None:
+    """A row-bound pass over a long queue with no producer in it (S = 64, R = 2): the scan stops looking for producers
+    after HOLD_RUN_LIMIT more Ready requests in a row were held, instead of S positions (each one SGLang matched),
+    and the held ones take the last rows in queue order."""
+    h = PassHarness(FULL, token_budget=65536, rows=64, kv_size=65536, max_num_reqs=72, producer_rows=2)
+    h.submit(*unrelated(200))
+    h.run_pass()
+    _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
+    record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
+    assert record["admitted"] == [f"u{i}" for i in range(64)]
+    assert record["producer_holds"] == HOLD_RUN_LIMIT + 1  # u62 and the HOLD_RUN_LIMIT behind it, not 64
 
 
 def test_producer_rows_fill_the_rounds_of_generated_instances() -> None:
