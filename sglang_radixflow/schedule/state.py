@@ -245,6 +245,7 @@ class SchedulingState:
     def _offer_held(self) -> Iterator[Any]:
         held, self._held = self._held, []
         self._first_hold_at = -1  # no more holds this pass
+        self._held_with.clear()  # siblings not reached yet are matched like any request from here on
         yield from held
 
     def holds_for_producers(self, req: Any) -> bool:
