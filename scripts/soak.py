@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import sys
 import tempfile
 import threading
@@ -236,6 +237,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--budgets", default="8,1024", help="S,T: --prefill-max-requests, chunked/max prefill tokens")
     ap.add_argument("--max-total-tokens", type=int, default=None,
                     help="KV pool size of both servers (default: the CPU flags' 8192); smaller: eviction, retraction")
+    ap.add_argument("--server-args", default="",
+                    help="more SGLang flags for both servers, e.g. '--page-size 16' or '--schedule-policy lpm'")
     ap.add_argument("--long-doc", type=int, default=2600, help="a document longer than T (chunked producers)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds a request may take before it is stuck")
     ap.add_argument("--models-root", default=str(Path.home() / ".cache" / "sglang-radixflow" / "models"))
@@ -259,7 +262,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         tp_flags = ("--tp-size", str(args.tp))
         tp_env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(cores[r % len(cores)]) for r in range(args.tp))}
     pool_flags = ("--max-total-tokens", str(args.max_total_tokens)) if args.max_total_tokens else ()
-    common = dict(extra_args=(*FLOAT32, *flags, *budget_flags, *tp_flags, *pool_flags), mamba_strategy=strategy)
+    more = tuple(shlex.split(args.server_args))
+    common = dict(extra_args=(*FLOAT32, *flags, *budget_flags, *tp_flags, *pool_flags, *more), mamba_strategy=strategy)
     ref = SGLangServer(model, radix_cache=None, env={**FLOAT32_ENV, **tp_env}, **common,
                        log_path=out_dir / "native.log")
     rf = SGLangServer(model, env={**FLOAT32_ENV, **tp_env, "RADIXFLOW_ARM": args.arm,

@@ -10,7 +10,9 @@ way, in as many rows. Any number of prefix requests fit in one round, and the ch
 
 Nobody waits for a prefix request's output: `finished_output` is set from the start, the flag SGLang's output
 streamer uses to skip a finished request it already reported, so no output ever leaves the scheduler for it. Its rid
-derives from the producer's rid and b, so every tensor-parallel rank builds the same request.
+derives from the producer's rid and b, so every tensor-parallel rank builds the same request; it does not START with
+the producer's rid, because SGLang aborts every request whose rid starts with the one aborted: a client that cancels
+the producer must not take its siblings' prefix away (nor make SGLang report an abort for a rid no client knows).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:  # light at import: the bench's replay reads rids without SGLang
     from sglang.srt.managers.schedule_batch import Req
 
-PREFIX_RID_MARK = "#radixflow-prefix-"
+PREFIX_RID_MARK = "radixflow-prefix-"  # a prefix request's rid: PREFIX_RID_MARK + b + "#" + the producer's rid
 
 # SGLang internal relied on: its output streamer skips `req.finished() and req.finished_output` (asserted where the
 # flag is set, in make_prefix_request).
@@ -46,7 +48,7 @@ def make_prefix_request(req: Any, boundary: int) -> "Req":
     params = copy.copy(req.sampling_params)
     params.max_new_tokens = 0
     prefix = Req(
-        rid=f"{req.rid}{PREFIX_RID_MARK}{boundary}",
+        rid=prefix_rid(str(req.rid), boundary),
         origin_input_text="",
         origin_input_ids=req.origin_input_ids[:boundary],
         sampling_params=params,
@@ -64,11 +66,19 @@ def make_prefix_request(req: Any, boundary: int) -> "Req":
     return prefix
 
 
+def prefix_rid(producer_rid: str, boundary: int) -> str:
+    """The rid of the prefix request publishing the producer's first `boundary` tokens."""
+    return f"{PREFIX_RID_MARK}{boundary}#{producer_rid}"
+
+
 def is_prefix_request(req: Any) -> bool:
-    return PREFIX_RID_MARK in str(req.rid)
+    return str(req.rid).startswith(PREFIX_RID_MARK)
 
 
 def split_prefix_rid(rid: str) -> Optional[tuple[str, int]]:
     """(producer rid, b) of a prefix request's rid; None for any other rid."""
-    base, mark, boundary = str(rid).rpartition(PREFIX_RID_MARK)
-    return (base, int(boundary)) if mark else None
+    rid = str(rid)
+    if not rid.startswith(PREFIX_RID_MARK):
+        return None
+    boundary, sep, producer = rid[len(PREFIX_RID_MARK):].partition("#")
+    return (producer, int(boundary)) if sep and boundary.isdigit() else None

@@ -115,7 +115,9 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
 def test_aborted_producer_releases_consumers_and_nothing_leaks(hybrid_servers: dict[str, SGLangServer]) -> None:
     server = hybrid_servers["radixflow"]
     rng = random.Random(7)
-    doc = [rng.randrange(3, 2000) for _ in range(3000)]  # a long document keeps the producer in flight
+    # A document longer than the chunk (4096) keeps the producer's prefix request in flight for two rounds: the abort
+    # reaches the scheduler between them.
+    doc = [rng.randrange(3, 2000) for _ in range(6000)]
     cands = [doc + [rng.randrange(3, 2000) for _ in range(10)] for _ in range(4)]
     rids = [f"abort-test-{i}" for i in range(4)]
     results: list = []
@@ -127,6 +129,12 @@ def test_aborted_producer_releases_consumers_and_nothing_leaks(hybrid_servers: d
     assert not worker.is_alive(), "consumers of an aborted producer never completed"
     finished = [r for r in results if r["meta_info"]["finish_reason"]["type"] != "abort"]
     assert len(finished) >= 3, results
+    # Aborting the producer leaves its prefix request running (its rid does not start with the producer's, which
+    # SGLang's abort matches by): the consumers still start from the document's state.
+    assert all(r["meta_info"]["cached_tokens"] >= len(doc) - 64 for r in finished), [
+        r["meta_info"]["cached_tokens"] for r in finished]
+    log_lines = server.log_text().splitlines()
+    assert not [line for line in log_lines if "Abort request" in line and "radixflow-prefix" in line]
     # Idle now: SGLang's idle check (strict by default) would raise on any leaked KV or mamba slot.
     time.sleep(2.0)
     assert server.generate([5, 6, 7], 2)["output_ids"]

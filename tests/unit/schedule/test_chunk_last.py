@@ -10,7 +10,7 @@ from unittest import mock
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.bench.replay import make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
-from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.prefix_request import prefix_rid
 from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT
 
 import pytest
@@ -79,7 +79,7 @@ def test_a_producer_whose_prefix_request_would_be_cut_is_held_not_its_prefix_req
         group = [make_request(f"g{c}", doc + prompt(60_000 + 10 * c, 8)) for c in range(2)]
         return [make_request("u0", prompt(1, 200))] + group + [make_request("s0", prompt(5001, 40))]
 
-    p = f"g0{PREFIX_RID_MARK}{len(doc)}"
+    p = prefix_rid("g0", len(doc))
     off = schedule(HYBRID, reqs(), chunk_last=False)
     on = schedule(HYBRID, reqs(), chunk_last=True)
     assert off[0] == [("u0", 0, 200), (p, 0, 200)]
@@ -152,7 +152,7 @@ def test_siblings_of_a_cut_producer_are_held_with_it_unmatched(components: Any) 
     record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
     assert not {"g1", "g2", "g3"} & set(matched)  # held with g0, never matched
     assert record["cut_holds"] == 4
-    producer = "g0" if components is FULL else f"g0{PREFIX_RID_MARK}{len(doc)}"
+    producer = "g0" if components is FULL else prefix_rid("g0", len(doc))
     assert record["admitted"] == ["u0", "s0", producer]
     h.execute()
     rounds = [[(f.rid, f.prefix_len, f.extend_len) for f in r.fragments] for r in h.run_rounds()]

@@ -34,7 +34,7 @@ from sglang_radixflow.bench.replay import (
     FIG1_UNRELATED as UNRELATED, Instance, dependency_depth as _depth, figure1_instance as build_instance,
 )
 from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
-from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.prefix_request import prefix_rid
 
 W, V, D = 12_970, 15, 2
 
@@ -62,7 +62,7 @@ def test_instance_matches_the_paper_totals() -> None:
 
 def prefix(rid: str) -> str:
     """The rid of the prefix request publishing `rid`'s document."""
-    return f"{rid}{PREFIX_RID_MARK}{DOCS[rid[0]]}"
+    return prefix_rid(rid, DOCS[rid[0]])
 
 
 def test_traversal_reaches_the_lower_bound() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.prefix_request import prefix_rid
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import Fragment, PassHarness, make_request
 
@@ -30,7 +30,7 @@ def harness(components, arm: str, prefix_requests: bool = True) -> PassHarness: 
 
 def prefix(rid: str, boundary: int = len(DOC)) -> str:
     """The rid of the prefix request publishing `rid`'s first `boundary` tokens."""
-    return f"{rid}{PREFIX_RID_MARK}{boundary}"
+    return prefix_rid(rid, boundary)
 
 
 @pytest.mark.parametrize("prefix_requests", [True, False], ids=["prefix-request", "chunk-cut"])

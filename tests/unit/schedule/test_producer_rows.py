@@ -8,7 +8,7 @@ from typing import Any
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.bench.replay import figure1_instance, make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
-from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.prefix_request import prefix_rid
 from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT
 
 import pytest
@@ -49,7 +49,7 @@ def test_a_producer_behind_ready_requests_gets_a_row_in_this_pass() -> None:
         result = schedule(HYBRID, unrelated(4) + group, rows=4, producer_rows=producer_rows, tokens=2048)
         return [[f.rid for f in r.fragments] for r in result]
 
-    p = f"g0{PREFIX_RID_MARK}{len(doc)}"
+    p = prefix_rid("g0", len(doc))
     assert rounds(0) == [["u0", "u1", "u2", "u3"], [p], ["g0", "g1", "g2", "g3"]]
     assert rounds(2) == [["u0", "u1", p, "u2"], ["u3", "g0", "g1", "g2"], ["g3"]]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sglang_radixflow.cache.promises import PromiseState
-from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
+from sglang_radixflow.schedule.prefix_request import is_prefix_request, prefix_rid, split_prefix_rid
 from sglang_radixflow.schedule.state import DEFER_COUNT
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import PassHarness, make_request
@@ -35,7 +35,7 @@ def rids(reqs) -> list[str]:  # noqa: ANN001
 
 def prefix(rid: str, boundary: int = len(DOC)) -> str:
     """The rid of the prefix request publishing `rid`'s first `boundary` tokens."""
-    return f"{rid}{PREFIX_RID_MARK}{boundary}"
+    return prefix_rid(rid, boundary)
 
 
 def test_skip_admits_producer_and_unrelated_and_defers_consumers_on_hybrid() -> None:
@@ -56,6 +56,22 @@ def test_skip_admits_producer_and_unrelated_and_defers_consumers_on_hybrid() -> 
         assert req.kv.mamba_cow_src_index is None and not req.kv.mamba_needs_clear and not req.kv.holds_mamba
     assert h.pool.mamba_allocator.available_size() == free_slots
     assert h.cache.rf_sched.end_pass() is None  # the pass closed its scratch
+
+
+def test_aborting_the_producer_leaves_its_prefix_request_running() -> None:
+    """SGLang's Scheduler.abort_request aborts every queued or running request whose rid starts with the rid given
+    (`req.rid.startswith(recv_req.rid)`). A client cancelling the producer must not take away the prefix its siblings
+    wait for, so the prefix request's rid must not start with the producer's (it did: `<rid>#radixflow-prefix-<b>`).
+    The rid still names the producer and b, the same on every TP rank."""
+    h = harness(HYBRID, "radixflow")
+    h.submit(*candidates(), unrelated())
+    batch = h.run_pass()
+    prefix_req = batch[0]
+    assert split_prefix_rid(prefix_req.rid) == ("c0", len(DOC)) and is_prefix_request(prefix_req)
+    aborted = [r.rid for r in batch + h.waiting if r.rid.startswith("c0")]  # SGLang's rule, for an abort of c0
+    assert aborted == ["c0"]
+    assert split_prefix_rid(prefix_rid("a#7-radixflow-prefix-3", 12)) == ("a#7-radixflow-prefix-3", 12)
+    assert split_prefix_rid("c0") is None and split_prefix_rid("radixflow-prefix-x#c0") is None
 
 
 def test_without_prefix_requests_the_producer_cuts_its_own_chunk_at_b() -> None:
