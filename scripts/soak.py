@@ -4,13 +4,16 @@ leaks.
 Each wave sends, concurrently and with small random delays, a seeded mix of what the scheduler's rarer paths see:
 groups of siblings on a shared document (some documents repeat across waves, some exceed the token budget so
 chunk-last and chunked producers run), `sgl.select`-shaped groups (a cache-only warm-up, then choices scored from
-prompt length - 2), unrelated prompts, cache salts, 0 to 4 output tokens; a fraction of the requests is aborted at a
-random instant. The same prompts go to a native SGLang server with the same flags (the reference), in the same
-waves. Checks, per wave and at the end:
+prompt length - 2), unrelated prompts, cache salts, 0 to --max-new output tokens; a fraction of the requests is
+aborted at a random instant. The same prompts go to a native SGLang server with the same flags (the reference), in
+the same waves. Checks, per wave and at the end:
 - every request not aborted finishes, within the timeout (no stuck request), and is not reported as aborted;
-- its greedy output tokens equal the reference's (float32 model and conv state, as the serving tests);
+- its greedy output tokens equal the reference's, and its prompt logprobs when asked for (within LOGPROB_TOL; float32
+  model and conv state, as the serving tests);
 - after the last wave, idle: the server is alive and serves, its log holds no "memory leak detected" (SGLang's idle
-  check of KV and mamba slots) and no Python traceback.
+  check of KV and mamba slots) and no Python traceback, and no promise is left open;
+- with --tp > 1: every rank's round records hold the same decisions.
+The summary also counts the scheduler paths the waves went through (producers, Blocked skips, holds, ...).
 
     python scripts/soak.py --config hybrid --waves 20 [--arm radixflow|prefix-stop|radixflow+frag|timer5]
     python scripts/soak.py --config hybrid-extra-buffer|control|gdn ...
