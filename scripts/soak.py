@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from sglang_radixflow.bench.server import SGLangServer, ServerError
+from sglang_radixflow.bench.server import SGLangServer, ServerError, attach_option_values
 from sglang_radixflow.models import ensure_model
 
 LEAK = "memory leak detected"
@@ -247,7 +247,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--models-root", default=str(Path.home() / ".cache" / "sglang-radixflow" / "models"))
     ap.add_argument("--out", default=None, help="folder for summary.json, the server logs and the trace (default: a "
                     "new temporary folder)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(attach_option_values(sys.argv[1:] if argv is None else argv))
 
     model_name, strategy, flags = CONFIGS[args.config]
     model = str(ensure_model(model_name, args.models_root))

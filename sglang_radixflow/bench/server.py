@@ -102,6 +102,21 @@ def parse_server_args(text: str, owned: Sequence[str]) -> tuple[str, ...]:
     return args
 
 
+def attach_option_values(argv: Sequence[str], options: Sequence[str] = ("--server-args",)) -> list[str]:
+    """argv with `--server-args --enable-mixed-chunk` written as `--server-args=--enable-mixed-chunk`: argparse takes
+    a value that starts with '-' and holds no space for the next option ("expected one argument"), so a single SGLang
+    flag could not be passed the way the help shows it."""
+    out: list[str] = []
+    pending = False
+    for arg in argv:
+        if pending and arg.startswith("-"):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+        pending = arg in options and not pending
+    return out
+
+
 def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
     flags = [*CPU_FLAGS, "--max-total-tokens", str(max_total_tokens)]
     if arch in HYBRID_ARCHS:

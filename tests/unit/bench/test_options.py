@@ -54,6 +54,8 @@ def test_budget_flags() -> None:
     ("multi-candidate --server-args=--chunked-prefill-size=512",
      "--chunked-prefill-size set by the bench itself (its own options); any other SGLang server flag is allowed"),
     ("multi-candidate --server-args=--schedule-policy='lpm", "--server-args \"--schedule-policy='lpm\": No closing"),
+    # a single flag written as the help shows it, with a space after --server-args, reaches the bench's check
+    ("multi-candidate --server-args --chunked-prefill-size=64", "--chunked-prefill-size set by the bench itself"),
     ("agent --models qwen4", "unknown model(s) qwen4; allowed:"),
     ("agent --rr-block 0", "--rr-block 0: must be >= 1"),
     ("agent --agents 4 --active 4", "need 0 < active (n_a=4) < capacity"),
@@ -176,3 +178,20 @@ def test_server_args_reach_every_arms_server_and_the_report(tmp_path) -> None:
     summary = {"workload": {"server_args": ["--schedule-policy", "lpm"]}, "budgets": {"S": 8, "T": 2048,
                "calibrated_on": "fixed"}, "arms": {}, "cost_identity": {}}
     assert "extra server flags `--schedule-policy lpm`" in format_report(summary)
+
+
+def test_server_args_take_a_single_flag_after_a_space() -> None:
+    """`--server-args --enable-mixed-chunk`: argparse alone reads the value as an unknown option and stops with
+    "expected one argument"; the CLI attaches it to its option first."""
+    from sglang_radixflow.bench.server import attach_option_values
+
+    argv = ["bench", "multi-candidate", "--out", "x", "--server-args", "--enable-mixed-chunk", "--quick"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert attach_option_values(argv)[4:] == ["--server-args=--enable-mixed-chunk", "--quick"]
+    assert options_from_args(build_parser().parse_args(attach_option_values(argv))).extra_server_args == (
+        "--enable-mixed-chunk",)
+    # a value with a space (which argparse already read) parses as before; other arguments are left alone
+    spaced = ["bench", "multi-candidate", "--out", "x", "--server-args", "--schedule-policy lpm"]
+    assert build_parser().parse_args(attach_option_values(spaced)).server_args == "--schedule-policy lpm"
+    assert attach_option_values(["--out", "--x", "--server-args", "lpm"]) == ["--out", "--x", "--server-args", "lpm"]
