@@ -242,6 +242,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="KV pool size of both servers (default: the CPU flags' 8192); smaller: eviction, retraction")
     ap.add_argument("--server-args", default="",
                     help="more SGLang flags for both servers, e.g. '--page-size 16' or '--schedule-policy lpm'")
+    ap.add_argument("--eviction", default=None, choices=("lru", "lfu", "slru", "tlru", "rr"),
+                    help="--radix-eviction-policy of the radixflow server only (rr needs the radixflow backend; "
+                         "the native reference keeps SGLang's lru: eviction changes no output)")
     ap.add_argument("--long-doc", type=int, default=2600, help="a document longer than T (chunked producers)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds a request may take before it is stuck")
     ap.add_argument("--models-root", default=str(Path.home() / ".cache" / "sglang-radixflow" / "models"))
@@ -269,8 +272,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     common = dict(extra_args=(*FLOAT32, *flags, *budget_flags, *tp_flags, *pool_flags, *more), mamba_strategy=strategy)
     ref = SGLangServer(model, radix_cache=None, env={**FLOAT32_ENV, **tp_env}, **common,
                        log_path=out_dir / "native.log")
+    rf_common = dict(common)
+    if args.eviction:
+        rf_common["extra_args"] = (*common["extra_args"], "--radix-eviction-policy", args.eviction)
     rf = SGLangServer(model, env={**FLOAT32_ENV, **tp_env, "RADIXFLOW_ARM": args.arm,
-                                  "RADIXFLOW_TRACE": str(trace_pattern)}, **common,
+                                  "RADIXFLOW_TRACE": str(trace_pattern)}, **rf_common,
                       log_path=out_dir / f"{args.arm}.log")
     rng = random.Random(args.seed)
     docs: list[list[int]] = []
@@ -310,7 +316,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         diverged = rank_divergence(traces) if all(t.is_file() for t in traces) else "a rank wrote no trace"
         if diverged:
             failures.append(f"tensor-parallel ranks decided differently: {diverged}")
-    summary = {"config": args.config, "arm": args.arm, "seed": args.seed, "waves": args.waves, "requests": sent,
+    summary = {"config": args.config, "arm": args.arm, "eviction": args.eviction or "lru", "seed": args.seed, "waves": args.waves, "requests": sent,
                "aborted": aborted, "seconds": round(time.monotonic() - started, 1), "paths": paths,
                "out": str(out_dir), "failures": failures}
     text = json.dumps(summary, indent=2)
