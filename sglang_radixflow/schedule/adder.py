@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from sglang.srt.managers.schedule_batch import Req, ReqKvInfo
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _PrefillAdmission
 
-from sglang_radixflow.cache.tree import token_hit
+from sglang_radixflow.cache.tree import REQ_STATE_HIT, REQ_TOKEN_HIT, token_hit
 from sglang_radixflow.schedule.prefix_request import can_split, make_prefix_request
 from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode, is_cache_only
 from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_FACTOR, SLOT_WAITS
@@ -21,6 +22,50 @@ from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_F
 assert {"prefix_len", "extend_len", "max_new_tokens", "is_chunked", "replay_len"} <= {
     f.name for f in dataclasses.fields(_PrefillAdmission)
 }
+
+
+# What a match (Req.init_next_round_input: SGLang's match_kv_cache, the mamba component's copy-on-write, our
+# match_prefix's hits) stages on a request, besides its fill ids: a producer hands these to its prefix request.
+MATCH_REQ_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_node", "host_hit_length",
+                    "swa_host_hit_length", "mamba_host_hit_length", "swa_branching_seqlen", "mamba_branching_seqlen",
+                    REQ_TOKEN_HIT, REQ_STATE_HIT)
+MATCH_KV_FIELDS = ("cache_protected_len", "mamba_pool_idx", "mamba_cow_src_index", "mamba_needs_clear")
+assert set(MATCH_KV_FIELDS) <= {f.name for f in dataclasses.fields(ReqKvInfo)}
+assert callable(getattr(Req, "_compute_max_prefix_len", None)), "SGLang's Req caps a match at its input length - 1"
+
+
+def can_take_match(producer: Any, boundary: int, page_size: int) -> bool:
+    """Whether the producer's match is exactly the one its prefix request (its first `boundary` tokens) would make.
+    It is when the producer's walk stopped on the tree itself (its token hit below its own key limit) before the
+    prefix request's limit (b - 1): a key of its first b tokens then stops at the same node, with the same hits and
+    the same state to copy. Device-only matches of token keys (no host hits, no dLLM), page size 1."""
+    hit = token_hit(producer)
+    return (
+        page_size == 1
+        and hit < boundary - 1
+        and hit < producer._compute_max_prefix_len(len(producer.full_untruncated_fill_ids))
+        and not producer.host_hit_length
+        and not producer.mamba_host_hit_length
+        and not producer.swa_host_hit_length
+        and not producer.is_dllm()
+    )
+
+
+def take_match(prefix: Any, producer: Any) -> None:
+    """Stage on the prefix request the match its producer made in this pass (instead of matching again: a second
+    walk, and on hybrids a second mamba slot allocation), and leave the producer as `release_staged` would."""
+    prefix.refresh_fill_ids()
+    for name in MATCH_REQ_FIELDS:
+        setattr(prefix, name, getattr(producer, name))
+    prefix.num_matched_prefix_tokens = min(
+        prefix.prefix_len + prefix.host_hit_length,
+        prefix._compute_max_prefix_len(len(prefix.full_untruncated_fill_ids)),
+    )
+    for name in MATCH_KV_FIELDS:
+        setattr(prefix.kv, name, getattr(producer.kv, name))
+    producer.kv.mamba_pool_idx = None  # the slot is the prefix request's now
+    producer.kv.mamba_cow_src_index = None
+    producer.kv.mamba_needs_clear = False
 
 
 def release_staged(req: Any, tree_cache: Any) -> None:
@@ -105,9 +150,12 @@ class RadixFlowPrefillAdder(PrefillAdder):
     def _admit_prefix_request(self, req: Any, plan: ProducerPlan, sched: Any, has_chunked_req: bool,
                               truncation_align_size: Optional[int]):
         """Admit a prefix request for req's first b tokens in req's place; req waits (Blocked on it next round)."""
-        release_staged(req, self.tree_cache)
         prefix = make_prefix_request(req, plan.boundary)
-        prefix.init_next_round_input(self.tree_cache)
+        if can_take_match(req, plan.boundary, self.tree_cache.page_size):
+            take_match(prefix, req)  # the same match: the producer's walk stopped before b
+        else:
+            release_staged(req, self.tree_cache)
+            prefix.init_next_round_input(self.tree_cache)
         # chunk_last holds the producer, which is in the queue, not its prefix request
         self._rf_producer, self._rf_producer_plan = req, plan
         try:
