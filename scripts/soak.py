@@ -17,6 +17,9 @@ The summary also counts the scheduler paths the waves went through (producers, B
 
     python scripts/soak.py --config hybrid --waves 20 [--arm radixflow|prefix-stop|radixflow+frag|timer5]
     python scripts/soak.py --config hybrid-extra-buffer|control|gdn ...
+    python scripts/soak.py --config hybrid --max-new 40 --test-retract      # SGLang retracts decodes every 3 passes
+    python scripts/soak.py --config hybrid --max-new 300 --max-total-tokens 4096 --stop-at-eos \
+        --server-args '--schedule-conservativeness 0.02'                     # real pool-full retraction
 Exit status 0 when every check held; the summary (JSON) names each failure.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shlex
 import sys
 import tempfile
@@ -38,6 +42,7 @@ from sglang_radixflow.bench.server import SGLangServer, ServerError, attach_opti
 from sglang_radixflow.models import ensure_model
 
 LEAK = "memory leak detected"
+RETRACTED = re.compile(r"#retracted_reqs: (\d+)")  # SGLang's log line when decode retracts (scheduler.py)
 # per-round trace fields summed into the summary: which of the scheduler's paths the soak went through
 PATH_COUNTERS = ("producers", "prefix_requests", "adopted_producers", "blocked_skips", "blocked_screened", "cut_holds",
                  "producer_holds", "admission_holds", "fragment_skips", "deferred", "promises_registered_delta",
@@ -66,11 +71,13 @@ class Send:
     abort_after_s: Optional[float] = None  # None: never aborted
     cache_salt: Optional[str] = None
     logprob_start: Optional[int] = None  # return_logprob with this logprob_start_len (select's choices)
+    ignore_eos: bool = True  # False (--stop-at-eos): SGLang reserves decode room at its new-token ratio only
 
     def payload(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "input_ids": self.input_ids, "rid": self.rid,
-            "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+            "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0.0,
+                                "ignore_eos": self.ignore_eos},
         }
         if self.cache_salt is not None:
             body["cache_salt"] = self.cache_salt
@@ -94,7 +101,7 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 
 
 def make_wave(rng: random.Random, wave: int, docs: list[list[int]], abort_fraction: float,
-              long_doc: int, max_new: int) -> list[Send]:
+              long_doc: int, max_new: int, ignore_eos: bool = True) -> list[Send]:
     sends: list[Send] = []
 
     def rid(kind: str) -> str:
@@ -126,6 +133,7 @@ def make_wave(rng: random.Random, wave: int, docs: list[list[int]], abort_fracti
         sends.append(Send(rid("one"), tokens(rng, rng.randint(20, 1500)), rng.randint(1, max(1, max_new)),
                           rng.uniform(0.0, 0.08)))
     for s in sends:
+        s.ignore_eos = ignore_eos
         if rng.random() < abort_fraction:
             s.abort_after_s = s.delay_s + rng.uniform(0.0, 0.3)
     return sends
@@ -226,6 +234,12 @@ def trace_counters(trace: Path) -> tuple[dict[str, int], int]:
     return sums, still_open
 
 
+def count_retracted(log: str, tp: int) -> int:
+    """Requests SGLang's decode retracted, from its log (at TP > 1 every rank logs the same retraction: rank 0's)."""
+    lines = log.splitlines() if tp == 1 else [line for line in log.splitlines() if " TP0] " in line]
+    return sum(int(n) for line in lines for n in RETRACTED.findall(line))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="hybrid")
@@ -236,6 +250,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="--tp-size of both servers (gloo on CPU): the ranks must decide alike")
     ap.add_argument("--max-new", type=int, default=4, help="most output tokens a request asks for (more: decode "
                     "pressure, retraction)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="requests may stop at EOS (no ignore_eos): SGLang then reserves decode room for them at its "
+                         "new-token ratio only, so a low --schedule-conservativeness over-admits and decode retracts")
+    ap.add_argument("--test-retract", action="store_true",
+                    help="SGLang's retraction test mode on both servers (SGLANG_TEST_RETRACT=1): decode retracts "
+                         "requests every SGLANG_TEST_RETRACT_INTERVAL (3) forward passes, and they prefill again")
     ap.add_argument("--abort-fraction", type=float, default=0.1)
     ap.add_argument("--budgets", default="8,1024", help="S,T: --prefill-max-requests, chunked/max prefill tokens")
     ap.add_argument("--max-total-tokens", type=int, default=None,
@@ -269,6 +289,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         tp_env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(cores[r % len(cores)]) for r in range(args.tp))}
     pool_flags = ("--max-total-tokens", str(args.max_total_tokens)) if args.max_total_tokens else ()
     more = tuple(shlex.split(args.server_args))
+    if args.test_retract:
+        tp_env = {**tp_env, "SGLANG_TEST_RETRACT": "1"}
     common = dict(extra_args=(*FLOAT32, *flags, *budget_flags, *tp_flags, *pool_flags, *more), mamba_strategy=strategy)
     ref = SGLangServer(model, radix_cache=None, env={**FLOAT32_ENV, **tp_env}, **common,
                        log_path=out_dir / "native.log")
@@ -281,13 +303,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     rng = random.Random(args.seed)
     docs: list[list[int]] = []
     failures: list[str] = []
-    sent = aborted = 0
+    sent = aborted = retracted = 0
     started = time.monotonic()
     try:
         ref.start()
         rf.start()
         for wave in range(args.waves):
-            sends = make_wave(rng, wave, docs, args.abort_fraction, args.long_doc, args.max_new)
+            sends = make_wave(rng, wave, docs, args.abort_fraction, args.long_doc, args.max_new,
+                              ignore_eos=not args.stop_at_eos)
             sent += len(sends)
             aborted += sum(s.abort_after_s is not None for s in sends)
             want = run_wave(ref, sends, args.timeout, aborts=False)
@@ -302,6 +325,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         except (ServerError, OSError) as err:
             failures.append(f"after the waves the server does not serve: {err}")
         log = rf.log_text()
+        retracted = count_retracted(log, args.tp)
         if LEAK in log:
             failures.append("SGLang's idle check reported a memory leak")
         if "Traceback" in log:
@@ -317,7 +341,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if diverged:
             failures.append(f"tensor-parallel ranks decided differently: {diverged}")
     summary = {"config": args.config, "arm": args.arm, "eviction": args.eviction or "lru", "seed": args.seed, "waves": args.waves, "requests": sent,
-               "aborted": aborted, "seconds": round(time.monotonic() - started, 1), "paths": paths,
+               "aborted": aborted, "retracted": retracted, "seconds": round(time.monotonic() - started, 1), "paths": paths,
                "out": str(out_dir), "failures": failures}
     text = json.dumps(summary, indent=2)
     print(text)

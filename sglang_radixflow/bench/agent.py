@@ -25,7 +25,9 @@ from sglang_radixflow.bench.agent_workload import (
     RETURN_ORDERS, AgentParams, AgentWorkload, dispatch_times, live_counts, make_agent_workload,
 )
 from sglang_radixflow.bench.progress import Log, print_progress
-from sglang_radixflow.bench.report import mean, overlap_note, percentile, read_jsonl, trace_metrics, write_jsonl
+from sglang_radixflow.bench.report import (
+    mean, overlap_note, percentile, read_jsonl, request_records, trace_metrics, write_jsonl,
+)
 from sglang_radixflow.bench.server import (
     HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
     check_overlap_schedule, live_servers, overlap_flags, overlap_off,
@@ -331,7 +333,7 @@ def build_summary(out: Path) -> dict[str, Any]:
             trace = read_jsonl(d / "trace.jsonl") if (d / "trace.jsonl").is_file() else []
             first = int(meta.get("first_round", -1))
             rounds = [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
-            reqs = [r for r in trace if r.get("kind") == "request" and not str(r.get("rid", "")).startswith("warmup")]
+            reqs = [r for r in request_records(trace) if not str(r.get("rid", "")).startswith("warmup")]
             cap = float(workload["workload"]["capacity"])
             recs = [{**r, "in_regime": r.get("live", 0) > cap} for r in read_jsonl(d / "requests.jsonl")]
             arm = arm_summary(arch, policy, recs, rounds, reqs)

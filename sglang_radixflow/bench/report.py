@@ -107,6 +107,17 @@ def log_metrics(prefill: Sequence[dict[str, int]]) -> dict[str, Any]:
     }
 
 
+def request_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trace's request records, one per request: a request that SGLang retracted during decode is released (and
+    recorded) once per retraction before its final release, whose record holds the hits of its last admission."""
+    last: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.get("kind") == "request":
+            last.pop(str(r.get("rid")), None)  # re-insert: the order of final releases
+            last[str(r.get("rid"))] = r
+    return list(last.values())
+
+
 def trace_metrics(rounds: Sequence[dict[str, Any]], requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Round and request records of the workload (already filtered) -> the trace half of an arm's summary."""
     worked = [r for r in rounds if r.get("kind_of_round") != "idle"]  # K counts non-empty worker calls
@@ -242,10 +253,10 @@ def load_arm(out: Path, model: str, arm: str, path: str = "raw") -> dict[str, An
         rids = {r["rid"] for r in requests}
         rounds = [r for r in records if r.get("kind") == "round" and int(r["round"]) > first]
         if path == "score":
-            reqs = [r for r in records if r.get("kind") == "request" and int(r.get("round", -1)) > first
+            reqs = [r for r in request_records(records) if int(r.get("round", -1)) > first
                     and not str(r.get("rid")).startswith("HEALTH_CHECK") and PREFIX_RID_MARK not in str(r.get("rid"))]
         else:
-            reqs = [r for r in records if r.get("kind") == "request" and r.get("rid") in rids]
+            reqs = [r for r in request_records(records) if r.get("rid") in rids]
         trace = trace_metrics(rounds, reqs)
     questions = read_jsonl(base / f"{arm}.questions.jsonl")  # frontend paths only
     return {"run": run, "requests": requests, "prefill": prefill, "trace": trace, "questions": questions}

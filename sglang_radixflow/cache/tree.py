@@ -70,6 +70,8 @@ class RadixFlowCache(UnifiedRadixCache):
 
         self.rf_config = config
         self.rf_trace = TraceWriter(rank_trace_path(config.trace_path, tp_rank))
+        if self.rf_trace.active:
+            _assert_retraction_count()
         mamba = self.components.get(ComponentType.MAMBA)
         if mamba is None:
             mode, chunk = PublishMode.KV, 1
@@ -147,6 +149,9 @@ class RadixFlowCache(UnifiedRadixCache):
             self.rf_trace.write(
                 "request", rid=str(req.rid), prompt_len=len(req.origin_input_ids), token_hit=token_hit(req),
                 state_hit=state_hit(req), cached_tokens=int(req.cached_tokens), round=self.rf_clock.last_launched(),
+                # SGLang's decode retraction releases a request before requeueing it (and counts it only after this
+                # call): such a request writes a record per release, its final one holding its last admission's hits
+                retractions=int(req.retraction_count),
             )
 
 
@@ -157,6 +162,15 @@ def _assert_tracked_seqlen_field() -> None:
 
     assert "mamba_last_track_seqlen" in {f.name for f in dataclasses.fields(ReqKvInfo)}, (
         "SGLang's ReqKvInfo no longer records mamba_last_track_seqlen"
+    )
+
+
+def _assert_retraction_count() -> None:
+    # Request records carry how often SGLang retracted the request: Req.reset_for_retract counts it.
+    from sglang.srt.managers.schedule_batch import Req
+
+    assert "retraction_count" in Req.reset_for_retract.__code__.co_names, (
+        "SGLang's Req.reset_for_retract no longer counts retractions (retraction_count)"
     )
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections import Counter
 from pathlib import Path
+
+from sglang_radixflow.bench.report import read_jsonl, request_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,3 +36,27 @@ def test_soak_waves_complete_equal_native_and_leave_nothing(model_dirs: dict[str
     assert paths["producers"] > 0 and paths["prefix_requests"] > 0, paths
     assert paths["blocked_skips"] + paths["blocked_screened"] > 0, paths
     assert paths["promises_published_delta"] > 0, paths
+
+
+def test_retracted_requests_prefill_again_equal_native_and_leave_nothing(model_dirs: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """SGLang's retraction test mode (SGLANG_TEST_RETRACT) on both servers: decode retracts requests every few forward
+    passes, and they go back to the waiting queue with their outputs so far, where radixflow's scan meets them
+    (siblings, producers and promises of requests that already have output tokens). They still finish with native's
+    tokens, and nothing leaks."""
+    soak = _soak_module()
+    models_root = model_dirs["nemotron_h"].parent
+    rc = soak.main(["--config", "hybrid", "--waves", "3", "--seed", "4", "--max-new", "24", "--test-retract",
+                    "--models-root", str(models_root), "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert rc == 0 and summary["failures"] == [], summary["failures"]
+    assert summary["retracted"] > 0, summary  # the mode really retracted requests
+    assert summary["paths"]["producers"] > 0 and summary["paths"]["promises_published_delta"] > 0, summary["paths"]
+    # the trace writes a request record per release, retractions included; readers keep each request's last one,
+    # which counts its retractions
+    records = read_jsonl(tmp_path / "radixflow.rank0.trace.jsonl")
+    releases = Counter(r["rid"] for r in records if r["kind"] == "request")
+    last = {r["rid"]: r for r in request_records(records)}
+    retracted = [rid for rid, r in last.items() if r["retractions"] > 0]
+    assert retracted, "no request record counts a retraction"
+    assert all(releases[rid] >= last[rid]["retractions"] + 1 for rid in retracted)

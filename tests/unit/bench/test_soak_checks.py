@@ -68,3 +68,14 @@ def test_trace_counters_and_ranks(tmp_path: Path) -> None:
     other = [rounds[0], {**rounds[1], "blocked_skips": 1}]
     assert "round 2" in soak.rank_divergence([rank0, _trace(tmp_path / "r2.jsonl", other)])
     assert soak.trace_counters(_trace(tmp_path / "open.jsonl", rounds[:1]))[1] == 1
+
+
+def test_retractions_are_counted_once_per_retraction_at_any_tp() -> None:
+    """SGLang's lines as it writes them; at TP 2 both ranks log every retraction."""
+    one = ("[2026-12-03 23:47:32] KV cache pool is full. Retract requests. #retracted_reqs: 2, #new_tokens_gained: 90\n"
+           "[2026-12-03 23:47:33] Testing retraction. #retracted_reqs: 0, #new_tokens_gained: 0\n"
+           "[2026-12-03 23:47:34] Testing retraction. #retracted_reqs: 3, #new_tokens_gained: 40\n")
+    assert soak.count_retracted(one, tp=1) == 5
+    two = "".join(line.replace("] ", f" TP{r}] ", 1) + "\n" for line in one.splitlines() for r in (0, 1))
+    assert soak.count_retracted(two, tp=2) == 5
+    assert soak.count_retracted("", tp=1) == 0

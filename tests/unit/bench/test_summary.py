@@ -176,3 +176,20 @@ def test_percentile_and_log_parsing() -> None:
     assert report.percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     parsed = report.parse_prefill_lines(_line(6, 818, 4800, queue=3) + "Decode batch, #running-req: 1\n")
     assert parsed == [{"seqs": 6, "new": 818, "cached": 4800, "running": 0, "queue": 3}]
+
+
+def test_a_retracted_request_counts_once_with_its_last_admission(run_dir: Path) -> None:
+    """SGLang's decode retraction releases a request before requeueing it, so the trace holds a record per release:
+    the hits come from each request's last record (the admission that finished it), not from every release."""
+    path = run_dir / "nemotron_h" / "radixflow.trace.jsonl"
+    records = report.read_jsonl(path)
+    before = report.write_report(run_dir)["arms"]["nemotron_h/radixflow"]
+    # RIDS[1] was admitted with no hit, retracted during decode, then readmitted with its 45-token hit
+    retracted = {"kind": "request", "rid": RIDS[1], "prompt_len": 50, "token_hit": 30, "state_hit": 0,
+                 "cached_tokens": 0, "round": 4, "retractions": 0}
+    report.write_jsonl(path, records[:-4] + [retracted] + records[-4:])
+    after = report.write_report(run_dir)["arms"]["nemotron_h/radixflow"]
+    assert after["token_hit_tokens"] == before["token_hit_tokens"] == 180
+    assert after["state_ready_hit_tokens"] == before["state_ready_hit_tokens"] == 135
+    kept = report.request_records(report.read_jsonl(path))
+    assert [r["rid"] for r in kept] == ["warmup-0", *RIDS] and kept[2]["state_hit"] == 45
