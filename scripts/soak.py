@@ -289,15 +289,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         tp_env = {"SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(cores[r % len(cores)]) for r in range(args.tp))}
     pool_flags = ("--max-total-tokens", str(args.max_total_tokens)) if args.max_total_tokens else ()
     more = tuple(shlex.split(args.server_args))
-    if args.test_retract:
-        tp_env = {**tp_env, "SGLANG_TEST_RETRACT": "1"}
+    server_env = {**FLOAT32_ENV, **tp_env, **({"SGLANG_TEST_RETRACT": "1"} if args.test_retract else {})}
     common = dict(extra_args=(*FLOAT32, *flags, *budget_flags, *tp_flags, *pool_flags, *more), mamba_strategy=strategy)
-    ref = SGLangServer(model, radix_cache=None, env={**FLOAT32_ENV, **tp_env}, **common,
+    ref = SGLangServer(model, radix_cache=None, env=server_env, **common,
                        log_path=out_dir / "native.log")
     rf_common = dict(common)
     if args.eviction:
         rf_common["extra_args"] = (*common["extra_args"], "--radix-eviction-policy", args.eviction)
-    rf = SGLangServer(model, env={**FLOAT32_ENV, **tp_env, "RADIXFLOW_ARM": args.arm,
+    rf = SGLangServer(model, env={**server_env, "RADIXFLOW_ARM": args.arm,
                                   "RADIXFLOW_TRACE": str(trace_pattern)}, **rf_common,
                       log_path=out_dir / f"{args.arm}.log")
     rng = random.Random(args.seed)
@@ -340,9 +339,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         diverged = rank_divergence(traces) if all(t.is_file() for t in traces) else "a rank wrote no trace"
         if diverged:
             failures.append(f"tensor-parallel ranks decided differently: {diverged}")
-    summary = {"config": args.config, "arm": args.arm, "eviction": args.eviction or "lru", "seed": args.seed, "waves": args.waves, "requests": sent,
-               "aborted": aborted, "retracted": retracted, "seconds": round(time.monotonic() - started, 1), "paths": paths,
-               "out": str(out_dir), "failures": failures}
+    summary = {"config": args.config, "arm": args.arm, "eviction": args.eviction or "lru", "seed": args.seed,
+               "waves": args.waves, "test_retract": args.test_retract, "stop_at_eos": args.stop_at_eos,
+               "requests": sent, "aborted": aborted, "retracted": retracted,
+               "seconds": round(time.monotonic() - started, 1), "paths": paths, "out": str(out_dir),
+               "failures": failures}
     text = json.dumps(summary, indent=2)
     print(text)
     (out_dir / "summary.json").write_text(text + "\n")
