@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -126,10 +127,32 @@ def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: st
     return flags
 
 
+# HTTP ports of the servers started here. Not from the kernel's ephemeral range: bind(0) and every outgoing
+# connection (health polls, clients, SGLang's own processes) take ports from there, and one took a port picked that
+# way in the seconds before SGLang bound it (uvicorn then logs the bind error and hangs without exiting). Below
+# SGLang's own pick for its torch.distributed port (22000-29999, `get_free_port_below_ephemeral`), so the two never
+# meet either.
+PORT_RANGE = (10000, 21999)
+PORT_ATTEMPTS = 64
+BIND_FAILED = "error while attempting to bind on address"  # uvicorn's log line when the port is taken
+START_ATTEMPTS = 3  # a port taken between the pick and SGLang's bind: start again on another one
+_handed_out: set[int] = set()  # ports this process gave to a server: never handed out twice
+_port_rng = random.SystemRandom()  # independent of any seed a caller sets on the random module
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    low, high = PORT_RANGE
+    for port in _port_rng.sample(range(low, high + 1), PORT_ATTEMPTS):
+        if port in _handed_out:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        _handed_out.add(port)
+        return port
+    raise ServerError(f"no free port among {PORT_ATTEMPTS} tried in {low}-{high}")
 
 
 def on_cpu() -> bool:
@@ -139,6 +162,10 @@ def on_cpu() -> bool:
         return not torch.cuda.is_available()
     except ImportError:  # pragma: no cover - torch comes with sglang
         return True
+
+
+class _PortTaken(Exception):
+    """SGLang could not bind its HTTP port (another socket took it after it was picked)."""
 
 
 class ServerError(RuntimeError):
@@ -198,8 +225,23 @@ class SGLangServer:
 
     def start(self) -> "SGLangServer":
         assert self.proc is None, "already started"
-        if not self.port:
-            self.port = free_port()
+        chosen = not self.port  # a port we picked may be picked again; one the caller gave may not
+        for attempt in range(1, START_ATTEMPTS + 1):
+            if chosen:
+                self.port = free_port()
+            try:
+                self._launch()
+                return self
+            except _PortTaken:
+                self.stop()
+                if not chosen or attempt == START_ATTEMPTS:
+                    raise ServerError(f"port {self.port} is taken; log tail:\n{self.log_tail()}") from None
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="sglang-server-", suffix=".log")[1])
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **os.environ, **self.env}
@@ -212,12 +254,7 @@ class SGLangServer:
         )
         log.close()
         _LIVE.add(self.proc.pid)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self._wait_healthy()
 
     def _wait_healthy(self) -> None:
         assert self.proc is not None
@@ -225,6 +262,8 @@ class SGLangServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"SGLang server exited with code {self.proc.returncode}; log tail:\n{self.log_tail()}")
+            if BIND_FAILED in self.log_text():
+                raise _PortTaken(self.port)
             try:
                 with urllib.request.urlopen(self.url + "/health_generate", timeout=30) as resp:
                     if resp.status == 200:

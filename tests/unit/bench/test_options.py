@@ -195,3 +195,25 @@ def test_server_args_take_a_single_flag_after_a_space() -> None:
     spaced = ["bench", "multi-candidate", "--out", "x", "--server-args", "--schedule-policy lpm"]
     assert build_parser().parse_args(attach_option_values(spaced)).server_args == "--schedule-policy lpm"
     assert attach_option_values(["--out", "--x", "--server-args", "lpm"]) == ["--out", "--x", "--server-args", "lpm"]
+
+
+def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from sglang_radixflow.bench import server
+
+    low, high = server.PORT_RANGE
+    assert high < 22000  # below SGLang's torch.distributed pick (22000-29999) and the kernel's ephemeral range
+    ports = [server.free_port() for _ in range(50)]
+    assert all(low <= p <= high for p in ports) and len(set(ports)) == 50
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # a port someone holds is skipped
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        monkeypatch.setattr(server, "PORT_RANGE", (busy, busy + 1))
+        monkeypatch.setattr(server, "_handed_out", set())
+        monkeypatch.setattr(server, "PORT_ATTEMPTS", 2)
+        assert server.free_port() == busy + 1
+        with pytest.raises(server.ServerError, match="no free port"):
+            server.free_port()  # busy + 1 was handed out, busy is held
