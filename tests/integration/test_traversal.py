@@ -321,18 +321,21 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
 def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
     hybrid_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path, strategy: str
 ) -> None:
-    """A 1000-token document + question, chunked 256 tokens at a time; its three siblings are sent once the server
+    """A 3000-token document + question, chunked 256 tokens at a time; its three siblings are sent once the server
     has logged the first chunk, so they reach a pass that continues the chunked request (which was no producer: nobody
     waited when it was admitted). It becomes their producer, and the siblings start from its state at the branch
-    point: no_buffer cuts its continuation there (1000, off the 256 grid); extra_buffer snapshots inside the
-    continuation at the branch point's last position on the 64-token grid (960). The document is computed once
+    point: no_buffer cuts its continuation there (3000, off the 256 grid); extra_buffer snapshots inside the
+    continuation at the branch point's last position on the 64-token grid (2944). The document is computed once
     (natively each sibling recomputes it; before session 17 the first late sibling produced it again beside the
-    continuation, and before session 18 still did on extra_buffer), and outputs equal native SGLang's."""
+    continuation, and before session 18 still did on extra_buffer), and outputs equal native SGLang's.
+    The document spans twelve chunks so that the siblings reach the scheduler before the last one is planned even on a
+    loaded 2-core machine (with a 1000-token document, CI once saw the first sibling arrive after that, at 768)."""
     rng = random.Random(41)
-    doc = [rng.randrange(3, 2000) for _ in range(1000)]
+    doc = [rng.randrange(3, 2000) for _ in range(3000)]
     prompts = [doc + [rng.randrange(3, 2000) for _ in range(20)] for _ in range(4)]
+    prompt_len = len(prompts[0])
     chunk = (*FLOAT32, "--chunked-prefill-size", "256")
-    b = 1000 if strategy == "no_buffer" else 1000 // 64 * 64
+    b = len(doc) if strategy == "no_buffer" else len(doc) // 64 * 64
     trace = tmp_path / "radixflow.jsonl"
     server = SGLangServer(str(model_dirs["nemotron_h"]), extra_args=chunk, mamba_strategy=strategy,
                           env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace)})
@@ -350,10 +353,10 @@ def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
         worker.join(timeout=120)
         results = out["first"] + siblings
         assert [o["meta_info"]["cached_tokens"] for o in siblings] == [b] * 3
-        own = 1020 - b
+        own = prompt_len - b
         log = _log_with(server, f"#new-seq: 3, #new-token: {3 * own}, #cached-token: {3 * b}", since=start)
         computed = sum(line["new"] for line in parse_prefill_lines(log))
-        assert computed == 1020 + 3 * own, computed  # the first prompt whole, each sibling past the branch point
+        assert computed == prompt_len + 3 * own, computed  # the first prompt whole, each sibling past the branch point
         if strategy == "no_buffer":
             native = _batch(hybrid_servers["sglang"], prompts)
         else:
