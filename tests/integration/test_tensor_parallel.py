@@ -18,6 +18,7 @@ import pytest
 
 from sglang_radixflow.bench.server import SGLangServer
 from sglang_radixflow.observe.trace import read_trace
+from tests.integration.server_group import started
 
 TP = ("--tp-size", "2")
 _CORES = sorted(os.sched_getaffinity(0))
@@ -79,13 +80,8 @@ def tp_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFac
         "radixflow": SGLangServer(model, extra_args=TP, env={
             **ONE_CORE_PER_RANK, "RADIXFLOW_TRACE": str(traces / "rank{tp_rank}.jsonl")}),
     }
-    try:
-        for s in servers.values():
-            s.start()
+    with started(servers):
         yield servers, traces
-    finally:
-        for s in servers.values():
-            s.stop()
 
 
 def test_tp_ranks_take_the_same_decisions_and_outputs_equal_native(

@@ -12,6 +12,7 @@ import pytest
 
 from sglang_radixflow.bench.report import parse_prefill_lines
 from sglang_radixflow.bench.server import SGLangServer, ServerError
+from tests.integration.server_group import started
 
 DOC_LEN = 600
 LEAK = "memory leak detected"
@@ -73,13 +74,8 @@ def hybrid_servers(model_dirs: dict[str, Path], trace_path: Path) -> Iterator[di
         "prefix-stop": SGLangServer(model, extra_args=FLOAT32, env={**FLOAT32_ENV, "RADIXFLOW_ARM": "prefix-stop"}),
         "radixflow": SGLangServer(model, extra_args=FLOAT32, env={**FLOAT32_ENV, "RADIXFLOW_TRACE": str(trace_path)}),
     }
-    try:
-        for s in servers.values():
-            s.start()
+    with started(servers):
         yield servers
-    finally:
-        for s in servers.values():
-            s.stop()
 
 
 def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
@@ -212,13 +208,8 @@ def control_servers(model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangSer
         "sglang": SGLangServer(model, radix_cache=None),
         "radixflow": SGLangServer(model, extra_args=["--enable-metrics"]),
     }
-    try:
-        for s in servers.values():
-            s.start()
+    with started(servers):
         yield servers
-    finally:
-        for s in servers.values():
-            s.stop()
 
 
 def test_full_attention_control_consumers_wait_for_the_producers_kv(control_servers: dict[str, SGLangServer]) -> None:
@@ -401,13 +392,8 @@ def paged_servers(model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPath
         "sglang": SGLangServer(model, radix_cache=None, extra_args=args),
         "radixflow": SGLangServer(model, extra_args=args, env={"RADIXFLOW_TRACE": str(trace)}),
     }
-    try:
-        for s in servers.values():
-            s.start()
+    with started(servers):
         yield {"servers": servers, "trace": trace}
-    finally:
-        for s in servers.values():
-            s.stop()
 
 
 def test_paged_tree_consumers_wait_once_for_the_last_whole_page(paged_servers: dict) -> None:
