@@ -333,6 +333,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         rf.stop()
         ref.stop()
     paths, still_open = trace_counters(traces[0]) if traces[0].is_file() else ({}, 0)
+    if not traces[0].is_file():  # its checks (promises left open, the paths taken) would pass unseen
+        failures.append(f"the radixflow server wrote no trace at {traces[0]}")
     if still_open:
         failures.append(f"{still_open} promises still open when idle")
     if args.tp > 1:

@@ -110,6 +110,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "RR_ORDER": ("rr_order", _choice(("share", "cursor"))),
 }
 KNOWN_VARIABLES: tuple[str, ...] = (PREFIX + "ARM", *(PREFIX + k for k in _FIELDS))
+PATH_VARIABLES: tuple[str, ...] = tuple(PREFIX + k for k, (_, parse) in _FIELDS.items() if parse is _path)
 
 
 def load_config(environ: Optional[Mapping[str, str]] = None) -> RadixFlowConfig:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from sglang_radixflow.config import PATH_VARIABLES
 from sglang_radixflow.models import HYBRID_ARCHS, model_arch
 
 # What SGLang 0.5.23 needs on a CPU-only machine (shared/notes/sglang-cpu.md): the CPU engine, torch-native
@@ -136,6 +137,7 @@ PORT_RANGE = (10000, 21999)
 PORT_ATTEMPTS = 64
 BIND_FAILED = "error while attempting to bind on address"  # uvicorn's log line when the port is taken
 START_ATTEMPTS = 3  # a port taken between the pick and SGLang's bind: start again on another one
+SERVER_CWD = tempfile.gettempdir()  # a package-named folder in our cwd would shadow the installed package
 _handed_out: set[int] = set()  # ports this process gave to a server: never handed out twice
 _port_rng = random.SystemRandom()  # independent of any seed a caller sets on the random module
 
@@ -223,6 +225,17 @@ class SGLangServer:
             cmd += ["--radix-cache-backend", self.radix_cache]
         return cmd + list(self.extra_args)
 
+    def process_env(self) -> dict[str, str]:
+        """The server process's environment: ours, then `env`. Paths it is given relative to our directory are made
+        absolute, since it runs in SERVER_CWD (a relative RADIXFLOW_TRACE once went to the temp folder unseen)."""
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **os.environ, **self.env}
+        if self.cpu is not False and on_cpu():
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+        for name in PATH_VARIABLES:  # RADIXFLOW_* variables read as file paths
+            if env.get(name):
+                env[name] = os.path.abspath(env[name])
+        return env
+
     def start(self) -> "SGLangServer":
         assert self.proc is None, "already started"
         chosen = not self.port  # a port we picked may be picked again; one the caller gave may not
@@ -244,13 +257,10 @@ class SGLangServer:
     def _launch(self) -> None:
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="sglang-server-", suffix=".log")[1])
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **os.environ, **self.env}
-        if self.cpu is not False and on_cpu():
-            env["SGLANG_USE_CPU_ENGINE"] = "1"
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            cwd=tempfile.gettempdir(),  # a package-named folder in cwd would shadow the installed package
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.process_env(), start_new_session=True,
+            cwd=SERVER_CWD,
         )
         log.close()
         _LIVE.add(self.proc.pid)
@@ -269,7 +279,7 @@ class SGLangServer:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+                env[name] = os.path.abspath(env[name])
             time.sleep(1.0)
         raise ServerError(f"SGLang server not healthy after {self.startup_timeout_s:.0f}s; log tail:\n{self.log_tail()}")
 

@@ -1,6 +1,8 @@
 """`radixflow bench multi-candidate` options: --quick defaults, fixed budgets, calibration grid."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sglang_radixflow.bench.runner import QUICK_BUDGETS, budget_args, options_from_args, parse_grid
@@ -207,13 +209,38 @@ def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_
     assert high < 22000  # below SGLang's torch.distributed pick (22000-29999) and the kernel's ephemeral range
     ports = [server.free_port() for _ in range(50)]
     assert all(low <= p <= high for p in ports) and len(set(ports)) == 50
+    def bindable(port: int) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    # Two neighbouring ports, the second free: in our range, not the kernel's ephemeral one, where a neighbour of
+    # a port bound to 0 may be any client's (or in TIME_WAIT) while other processes talk HTTP.
+    busy = next(p for p in range(high - 1, low, -2) if bindable(p) and bindable(p + 1))
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # a port someone holds is skipped
-        held.bind(("127.0.0.1", 0))
+        held.bind(("127.0.0.1", busy))
         held.listen()
-        busy = held.getsockname()[1]
         monkeypatch.setattr(server, "PORT_RANGE", (busy, busy + 1))
         monkeypatch.setattr(server, "_handed_out", set())
         monkeypatch.setattr(server, "PORT_ATTEMPTS", 2)
         assert server.free_port() == busy + 1
         with pytest.raises(server.ServerError, match="no free port"):
             server.free_port()  # busy + 1 was handed out, busy is held
+
+
+def test_a_relative_trace_path_reaches_the_server_absolute(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Servers run in another directory (SERVER_CWD): a trace path relative to ours, given by a bench (the soak's
+    `--out runs/x`) or set by the user, must be made absolute, or the trace goes to the server's folder unseen."""
+    from sglang_radixflow.bench.server import SERVER_CWD, SGLangServer
+
+    monkeypatch.chdir(tmp_path)
+    assert tmp_path.resolve() != Path(SERVER_CWD).resolve()
+    srv = SGLangServer(str(tmp_path), env={"RADIXFLOW_TRACE": "runs/soak/radixflow.rank{tp_rank}.trace.jsonl"})
+    assert srv.process_env()["RADIXFLOW_TRACE"] == str(tmp_path / "runs/soak/radixflow.rank{tp_rank}.trace.jsonl")
+    monkeypatch.setenv("RADIXFLOW_TRACE", "mine.jsonl")  # the user's own, inherited
+    assert SGLangServer(str(tmp_path)).process_env()["RADIXFLOW_TRACE"] == str(tmp_path / "mine.jsonl")
+    absolute = str(tmp_path / "abs.jsonl")
+    assert SGLangServer(str(tmp_path), env={"RADIXFLOW_TRACE": absolute}).process_env()["RADIXFLOW_TRACE"] == absolute
