@@ -279,7 +279,7 @@ class SGLangServer:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                env[name] = os.path.abspath(env[name])
+                pass
             time.sleep(1.0)
         raise ServerError(f"SGLang server not healthy after {self.startup_timeout_s:.0f}s; log tail:\n{self.log_tail()}")
 
