@@ -209,6 +209,7 @@ def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_
     assert high < 22000  # below SGLang's torch.distributed pick (22000-29999) and the kernel's ephemeral range
     ports = [server.free_port() for _ in range(50)]
     assert all(low <= p <= high for p in ports) and len(set(ports)) == 50
+
     def bindable(port: int) -> bool:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             try:
@@ -237,10 +238,11 @@ def test_a_relative_trace_path_reaches_the_server_absolute(tmp_path, monkeypatch
     from sglang_radixflow.bench.server import SERVER_CWD, SGLangServer
 
     monkeypatch.chdir(tmp_path)
-    assert tmp_path.resolve() != Path(SERVER_CWD).resolve()
+    here = Path.cwd()
+    assert here != Path(SERVER_CWD).resolve()
     srv = SGLangServer(str(tmp_path), env={"RADIXFLOW_TRACE": "runs/soak/radixflow.rank{tp_rank}.trace.jsonl"})
-    assert srv.process_env()["RADIXFLOW_TRACE"] == str(tmp_path / "runs/soak/radixflow.rank{tp_rank}.trace.jsonl")
+    assert srv.process_env()["RADIXFLOW_TRACE"] == str(here / "runs/soak/radixflow.rank{tp_rank}.trace.jsonl")
     monkeypatch.setenv("RADIXFLOW_TRACE", "mine.jsonl")  # the user's own, inherited
-    assert SGLangServer(str(tmp_path)).process_env()["RADIXFLOW_TRACE"] == str(tmp_path / "mine.jsonl")
+    assert SGLangServer(str(tmp_path)).process_env()["RADIXFLOW_TRACE"] == str(here / "mine.jsonl")
     absolute = str(tmp_path / "abs.jsonl")
     assert SGLangServer(str(tmp_path), env={"RADIXFLOW_TRACE": absolute}).process_env()["RADIXFLOW_TRACE"] == absolute
