@@ -234,6 +234,15 @@ def trace_counters(trace: Path) -> tuple[dict[str, int], int]:
     return sums, still_open
 
 
+def trace_verdict(trace: Path) -> tuple[dict[str, int], list[str]]:
+    """The paths the run took (trace_counters) and the trace's failures: none written (its checks would pass
+    unseen), or promises still open when idle."""
+    if not trace.is_file():
+        return {}, [f"the radixflow server wrote no trace at {trace}"]
+    paths, still_open = trace_counters(trace)
+    return paths, [f"{still_open} promises still open when idle"] if still_open else []
+
+
 def count_retracted(log: str, tp: int) -> int:
     """Requests SGLang's decode retracted, from its log (at TP > 1 every rank logs the same retraction: rank 0's)."""
     lines = log.splitlines() if tp == 1 else [line for line in log.splitlines() if " TP0] " in line]
@@ -332,11 +341,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         rf.stop()
         ref.stop()
-    paths, still_open = trace_counters(traces[0]) if traces[0].is_file() else ({}, 0)
-    if not traces[0].is_file():  # its checks (promises left open, the paths taken) would pass unseen
-        failures.append(f"the radixflow server wrote no trace at {traces[0]}")
-    if still_open:
-        failures.append(f"{still_open} promises still open when idle")
+    paths, trace_failures = trace_verdict(traces[0])
+    failures += trace_failures
     if args.tp > 1:
         diverged = rank_divergence(traces) if all(t.is_file() for t in traces) else "a rank wrote no trace"
         if diverged:

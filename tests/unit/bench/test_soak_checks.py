@@ -68,6 +68,10 @@ def test_trace_counters_and_ranks(tmp_path: Path) -> None:
     other = [rounds[0], {**rounds[1], "blocked_skips": 1}]
     assert "round 2" in soak.rank_divergence([rank0, _trace(tmp_path / "r2.jsonl", other)])
     assert soak.trace_counters(_trace(tmp_path / "open.jsonl", rounds[:1]))[1] == 1
+    assert soak.trace_verdict(rank0) == (sums, [])
+    assert soak.trace_verdict(_trace(tmp_path / "open2.jsonl", rounds[:1]))[1] == ["1 promises still open when idle"]
+    missing = tmp_path / "never-written.jsonl"  # e.g. a relative path the server resolved against its own folder
+    assert soak.trace_verdict(missing) == ({}, [f"the radixflow server wrote no trace at {missing}"])
 
 
 def test_retractions_are_counted_once_per_retraction_at_any_tp() -> None:
