@@ -244,6 +244,7 @@ OWN_CODE: tuple[tuple[str, Optional[str], str], ...] = (
     ("sglang_radixflow.schedule.state", "SchedulingState", "plan"),
     ("sglang_radixflow.schedule.state", "SchedulingState", "note_admitted"),
     ("sglang_radixflow.schedule.adder", None, "release_staged"),
+    ("sglang_radixflow.schedule.adder", "RadixFlowPrefillAdder", "_provably_cut"),
     ("sglang_radixflow.schedule.adder", "RadixFlowPrefillAdder", "_select_prefill_admission"),
     ("sglang_radixflow.cache.tree", "RadixFlowCache", "match_prefix"),
 )

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from sglang.srt.managers import schedule_policy
 from sglang.srt.managers.schedule_batch import Req, ReqKvInfo
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder, _PrefillAdmission
+from sglang.srt.mem_cache.prefill_budget import PrefillBudget
 
 from sglang_radixflow.cache.tree import REQ_STATE_HIT, REQ_TOKEN_HIT, token_hit
 from sglang_radixflow.schedule.prefix_request import can_split, make_prefix_request
-from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode, is_cache_only
+from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode, is_cache_only, namespace_of, request_tokens
 from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_FACTOR, SLOT_WAITS
 
 # SGLang internals this module relies on (fail loudly on upgrade):
@@ -32,6 +34,11 @@ MATCH_REQ_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_nod
 MATCH_KV_FIELDS = ("cache_protected_len", "mamba_pool_idx", "mamba_cow_src_index", "mamba_needs_clear")
 assert set(MATCH_KV_FIELDS) <= {f.name for f in dataclasses.fields(ReqKvInfo)}
 assert callable(getattr(Req, "_compute_max_prefix_len", None)), "SGLang's Req caps a match at its input length - 1"
+# What _provably_cut reads of SGLang's admission (add_one_req, _select_prefill_admission, budget checks).
+assert {"_IS_HIP", "CLIP_MAX_NEW_TOKENS", "get_exec"} <= set(vars(schedule_policy)), "schedule_policy internals"
+assert all(callable(getattr(PrefillAdder, name, None)) for name in (
+    "_mamba_gap_budget_for_req", "_request_slot_reserve_for_req", "_select_prefill_admission",
+)), "PrefillAdder's admission helpers"
 
 
 def can_take_match(producer: Any, boundary: int, page_size: int) -> bool:
@@ -85,11 +92,14 @@ class RadixFlowPrefillAdder(PrefillAdder):
     _rf_producer: Any = None  # while a prefix request is selected: its producer (the request the scan holds)
     _rf_producer_plan: Optional[ProducerPlan] = None  # and the producer's plan
     _rf_cut_held: bool = False  # the request being added was held by chunk_last (the scan offers it again)
+    _rf_has_chunked: bool = False  # add_one_req's arguments in this pass (SGLang passes the same ones every time)
+    _rf_align: Optional[int] = None
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
         # Runs for every request the scan examines: the common case (no promise open, no sibling waiting) is kept to
         # a few attribute reads on top of SGLang's own add_one_req.
         sched = self.tree_cache.rf_sched
+        self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
         sched.note_examined()
         if sched.may_block and sched.blocking_promise(req) is not None:
             sched.note_blocked(req)
@@ -280,8 +290,62 @@ class RadixFlowPrefillAdder(PrefillAdder):
             return False
         extend = len(req.full_untruncated_fill_ids) - admission.prefix_len
         held, held_plan = (req, plan) if self._rf_producer is None else (self._rf_producer, self._rf_producer_plan)
-        self._rf_cut_held = self.tree_cache.rf_sched.holds_cut(held, extend, held_plan, token_hit(held))
+        sched = self.tree_cache.rf_sched
+        self._rf_cut_held = sched.holds_cut(held, extend, held_plan, token_hit(held))
+        if self._rf_cut_held and self._can_prove_cuts():
+            sched.screen_cuts(self._provably_cut)
         return self._rf_cut_held
+
+    def _can_prove_cuts(self) -> bool:
+        """Whether `_provably_cut` can stand in for SGLang's admission in this pass: a device-only tree of page size 1
+        (its path length bounds any match), the plain token budget (admission fails only past `remaining_total`),
+        chunked prefill on, and none of the features that change the chunk (dLLM, truncation alignment, SWA replay,
+        the AMD tile budget)."""
+        cache = self.tree_cache
+        return (
+            cache.page_size == 1
+            and getattr(cache, "cache_controller", "unknown") is None
+            and not cache.disable
+            and type(self.memory_budget) is PrefillBudget
+            and self.rem_chunk_tokens is not None
+            and self.dllm_config is None
+            and self._rf_align is None
+            and not schedule_policy._IS_HIP
+            and not schedule_policy.get_exec().features.enable_encoder_swa_bounded_replay
+        )
+
+    def _provably_cut(self, req: Any) -> bool:
+        """Whether examining `req` now would end in a chunk_last hold, known without matching it: radixflow's own
+        verdicts pass it on (`is_plain_for_cut`), SGLang's memory checks pass it whatever it hits (its whole prompt,
+        output budget and reserves fit `remaining_total`; a state slot is free), and even the longest match the tree
+        allows (its path length) leaves an extend longer than the chunk budget, so SGLang cuts it. Requests whose
+        match is keyed by more than their token ids (multimodal, input embeddings, sessions) are always matched."""
+        limit = self.rem_chunk_tokens
+        if (
+            limit is None or limit <= 0 or self.new_chunked_req is not None or self._rf_has_chunked
+            or req.session is not None or req.multimodal_inputs is not None or req.input_embeds is not None
+            or req.token_indices_to_pool is not None
+            or (self.can_run_list and self.can_run_list[0].token_indices_to_pool is not None)
+            or (self.prefill_max_requests is not None and len(self.can_run_list) >= self.prefill_max_requests)
+        ):
+            return False
+        length = len(req.origin_input_ids) + len(req.output_ids)
+        sched = self.tree_cache.rf_sched
+        if length <= limit or not sched.is_plain_for_cut(req, length):
+            return False
+        max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0),
+                      schedule_policy.CLIP_MAX_NEW_TOKENS)
+        gap = self._mamba_gap_budget_for_req(req, include_host_hit=True)
+        if self.rem_mamba_slots is not None and gap // self._mamba_slot_cost > self.rem_mamba_slots:
+            return False
+        held = self.tree_cache.path_len(namespace_of(req), request_tokens(req))  # >= any hit of its match
+        if length - held <= limit:
+            return False
+        total = length + max_new + self.per_req_token_overhead + gap + self.token_to_kv_pool_allocator.request_slot_reserve(
+            has_req_pool_slot=req.kv.req_pool_idx is not None, prefill_tokens=length,
+        )
+        # SGLang's check runs with the match's nodes locked, out of the evictable count: at most `held` tokens.
+        return total + held < self.memory_budget.remaining_total
 
     def _track_admission(self, admission: _PrefillAdmission, plan: ProducerPlan) -> "_PrefillAdmission | AddReqResult":
         """extra_buffer: SGLang snapshots a state inside an extend only on the cache-chunk grid counted from that

@@ -113,6 +113,12 @@ class SchedulingState:
         self._hold_run = 0  # requests held in a row (chunk_last, producer rows): HOLD_RUN_LIMIT
         # Waiting siblings of a cut request that share what it would compute (chunk_last): held with it, unmatched.
         self._held_with: dict[int, Any] = {}
+        # chunk_last's look-past, once a cut request is held: the adder's proof that a request would be cut too
+        # (RadixFlowPrefillAdder._provably_cut). Such requests are held at their positions without SGLang matching
+        # them; their hold counts once SGLang examines the next request, as for the screened Blocked ones.
+        self.cut_screening = True  # off: every request of the look-past is matched (the A/B of tests and benches)
+        self._cut_screen: Optional[Callable[[Any], bool]] = None
+        self._cut_screened: list[Any] = []
         self._scan_pos = 0  # queue position of the request the scan is on
         self._non_producers = 0
         # Full attention and extra_buffer hybrids: requests admitted by recent passes whose round's KV (and tracked
@@ -153,6 +159,8 @@ class SchedulingState:
         self._first_hold_at = None
         self._hold_run = 0
         self._held_with = {}
+        self._cut_screen = None
+        self._cut_screened = []
         self._non_producers = 0
         self._index_fresh = False
         self._known_blocked = {}
@@ -178,6 +186,8 @@ class SchedulingState:
         self._screened = []  # the scan ended before examining another request: they were never reached
         self._held = []  # still queued: SGLang removes only what it admitted
         self._held_with = {}
+        self._cut_screen = None
+        self._cut_screened = []  # never followed by an examined request: SGLang's scan ended before them
         self._scanning = False
         return stats
 
@@ -226,6 +236,11 @@ class SchedulingState:
             if scan and held_with and id(req) in held_with:
                 self._hold_cut(held_with.pop(id(req)))
                 continue
+            if scan and self._cut_screen is not None and self._cut_screen(req):
+                self._hold(req)
+                self._hold_run += 1
+                self._cut_screened.append(req)
+                continue
             if run:
                 self._screened.extend(run)
                 run = []
@@ -245,6 +260,7 @@ class SchedulingState:
     def _offer_held(self) -> Iterator[Any]:
         held, self._held = self._held, []
         self._first_hold_at = -1  # no more holds this pass
+        self._cut_screen = None
         self._held_with.clear()  # siblings not reached yet are matched like any request from here on
         yield from held
 
@@ -253,10 +269,7 @@ class SchedulingState:
         take one of the last R rows. Only during the scan's own iteration, which offers it again (_offer_held) S
         positions later, or after HOLD_RUN_LIMIT more held in a row (no producer among them); never a cache-only
         request (it exists to leave its states). Off (R = 0) it costs one attribute read per request."""
-        rows = self.config.producer_rows
-        if not rows or not self._scanning or self._row_budget is None or self._first_hold_at == -1:
-            return False
-        if self._non_producers < self._row_budget - min(rows, self._row_budget - 1) or is_cache_only(req):
+        if not self._would_hold_for_producers(req):
             return False
         self._hold(req)
         self._hold_run += 1
@@ -290,6 +303,37 @@ class SchedulingState:
                     self._held_with[id(sib)] = sib
         return True
 
+    def _would_hold_for_producers(self, req: Any) -> bool:
+        rows = self.config.producer_rows
+        if not rows or not self._scanning or self._row_budget is None or self._first_hold_at == -1:
+            return False
+        return self._non_producers >= self._row_budget - min(rows, self._row_budget - 1) and not is_cache_only(req)
+
+    def screen_cuts(self, provably_cut: Callable[[Any], bool]) -> None:
+        """A cut request is held (chunk_last): until the held ones are offered again, the scan holds the requests
+        `provably_cut` proves would be cut too without SGLang matching them (~20 us each, and a look-past over a
+        queue of long prompts finds nothing but those)."""
+        if self.cut_screening and self._cut_screen is None and self._first_hold_at not in (None, -1):
+            self._cut_screen = provably_cut
+
+    def is_plain_for_cut(self, req: Any, length: int) -> bool:
+        """Whether radixflow's own verdicts would pass `req` (`length` tokens, nothing matched yet) to SGLang's
+        admission, and a cut of it be held: nothing can block it (no open promise or in-flight request under its
+        sibling key), it plans nothing (no waiting sibling, not cache-only), producer rows would not hold it, no
+        fragment deferral, and holds_cut would hold it (length within T, hold bound not reached)."""
+        if self.config.fragmentation or self._token_budget is None or length > self._token_budget:
+            return False
+        if getattr(req, CUT_HOLDS, 0) >= self.config.max_defer_rounds or is_cache_only(req):
+            return False
+        key = sibling_key(req)
+        if self.promises.candidates(key) or (key is not None and self._unlanded.get(key)):
+            return False
+        if self._would_hold_for_producers(req):
+            return False
+        if not self._index_fresh:
+            self.index_waiting(self._waiting)
+        return not self._index.siblings(req)
+
     def _hold_cut(self, req: Any) -> None:
         setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
         self._hold(req)
@@ -305,6 +349,12 @@ class SchedulingState:
     def note_examined(self) -> None:
         """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
         self._examined += 1
+        if self._cut_screened:
+            for req in self._cut_screened:
+                setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
+            assert self.current is not None
+            self.current.cut_held += len(self._cut_screened)
+            self._cut_screened.clear()
         if self._screened:
             for req in self._screened:
                 self.note_blocked(req)
