@@ -2,9 +2,10 @@
 
 SGLang's scan (`for req in self.waiting_queue` in Scheduler._get_new_batch_prefill_raw) matches every request it
 reaches before asking the adder (~20 us each on CPU), and a skipping traversal reaches several Blocked siblings per
-producer. Requests the pass has already proven Blocked (SchedulingState._mark_consumers, _mark_in_flight) are
-hidden from the scan's iteration, so SGLang spends nothing on them; every other list operation, and every iteration
-that is not the scan, sees the whole queue.
+producer. Requests the pass has already proven Blocked (SchedulingState._mark_consumers, _mark_in_flight), and
+during chunk-last's look-past those proven to be cut (SchedulingState.screen_cuts), are hidden from the scan's
+iteration, so SGLang spends nothing on them; every other list operation, and every iteration that is not the scan,
+sees the whole queue.
 """
 from __future__ import annotations
 

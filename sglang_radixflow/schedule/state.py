@@ -216,8 +216,8 @@ class SchedulingState:
         SGLang's checks decide there too (it then gets add_one_req's own verdict).
         Producer rows: the requests `holds_for_producers` passed over are yielded again once the scan is `_lookahead`
         positions past the first of them, or at the end of the queue, so they still get the rows left in this pass.
-        Chunk-last's held requests likewise; the siblings held with a cut one (`holds_cut`) are held at their own
-        positions without being matched."""
+        Chunk-last's held requests likewise; the siblings held with a cut one (`holds_cut`), and the requests the
+        adder proves would be cut too (`screen_cuts`), are held at their own positions without being matched."""
         known, held_with = self._known_blocked, self._held_with
         bound = self.config.max_defer_rounds
         start, scan = self._examined, False
