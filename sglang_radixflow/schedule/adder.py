@@ -37,7 +37,7 @@ assert callable(getattr(Req, "_compute_max_prefix_len", None)), "SGLang's Req ca
 # What _provably_cut reads of SGLang's admission (add_one_req, _select_prefill_admission, budget checks).
 assert {"_IS_HIP", "CLIP_MAX_NEW_TOKENS", "get_exec"} <= set(vars(schedule_policy)), "schedule_policy internals"
 assert all(callable(getattr(PrefillAdder, name, None)) for name in (
-    "_mamba_gap_budget_for_req", "_request_slot_reserve_for_req", "_select_prefill_admission",
+    "_mamba_gap_budget_for_req", "_request_slot_reserve_for_req",
 )), "PrefillAdder's admission helpers"
 
 
@@ -315,11 +315,13 @@ class RadixFlowPrefillAdder(PrefillAdder):
         )
 
     def _provably_cut(self, req: Any) -> bool:
-        """Whether examining `req` now would end in a chunk_last hold, known without matching it: radixflow's own
-        verdicts pass it on (`is_plain_for_cut`), SGLang's memory checks pass it whatever it hits (its whole prompt,
-        output budget and reserves fit `remaining_total`; a state slot is free), and even the longest match the tree
-        allows (its path length) leaves an extend longer than the chunk budget, so SGLang cuts it. Requests whose
-        match is keyed by more than their token ids (multimodal, input embeddings, sessions) are always matched."""
+        """Whether examining `req` now would end in a chunk_last hold, known without matching it: the tree holds
+        nothing of its path (so its match would hit nothing, and touch no node's LRU position: a request with a cached
+        prefix is always matched, as SGLang's scan would refresh that prefix), radixflow's own verdicts pass it on
+        (`is_plain_for_cut`), SGLang's memory checks pass it (its prompt, output budget and reserves fit
+        `remaining_total`; a state slot is free), and its prompt is longer than the chunk budget, so SGLang cuts it.
+        Requests whose match is keyed by more than their token ids (multimodal, input embeddings, sessions) are always
+        matched."""
         limit = self.rem_chunk_tokens
         if (
             limit is None or limit <= 0 or self.new_chunked_req is not None or self._rf_has_chunked
@@ -329,23 +331,21 @@ class RadixFlowPrefillAdder(PrefillAdder):
             or (self.prefill_max_requests is not None and len(self.can_run_list) >= self.prefill_max_requests)
         ):
             return False
-        length = len(req.origin_input_ids) + len(req.output_ids)
-        sched = self.tree_cache.rf_sched
-        if length <= limit or not sched.is_plain_for_cut(req, length):
+        length = len(req.origin_input_ids) + len(req.output_ids)  # SGLang's full_untruncated_fill_ids, its extend
+        if length <= limit or not self.tree_cache.rf_sched.is_plain_for_cut(req, length):
             return False
+        if self.tree_cache.path_len(namespace_of(req), request_tokens(req)):
+            return False
+        # add_one_req's own total (its max_new expression, which SGLang does not factor out), at a hit of 0.
         max_new = min(max(req.sampling_params.max_new_tokens - len(req.output_ids), 0),
                       schedule_policy.CLIP_MAX_NEW_TOKENS)
         gap = self._mamba_gap_budget_for_req(req, include_host_hit=True)
         if self.rem_mamba_slots is not None and gap // self._mamba_slot_cost > self.rem_mamba_slots:
             return False
-        held = self.tree_cache.path_len(namespace_of(req), request_tokens(req))  # >= any hit of its match
-        if length - held <= limit:
-            return False
-        total = length + max_new + self.per_req_token_overhead + gap + self.token_to_kv_pool_allocator.request_slot_reserve(
-            has_req_pool_slot=req.kv.req_pool_idx is not None, prefill_tokens=length,
+        total = length + max_new + self.per_req_token_overhead + gap + self._request_slot_reserve_for_req(
+            req, extend_input_len=length - req.prefix_len,  # its prefill_tokens: prefix_len + this = length
         )
-        # SGLang's check runs with the match's nodes locked, out of the evictable count: at most `held` tokens.
-        return total + held < self.memory_budget.remaining_total
+        return total < self.memory_budget.remaining_total
 
     def _track_admission(self, admission: _PrefillAdmission, plan: ProducerPlan) -> "_PrefillAdmission | AddReqResult":
         """extra_buffer: SGLang snapshots a state inside an extend only on the cache-chunk grid counted from that

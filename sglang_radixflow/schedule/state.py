@@ -325,8 +325,8 @@ class SchedulingState:
             return False
         if getattr(req, CUT_HOLDS, 0) >= self.config.max_defer_rounds or is_cache_only(req):
             return False
-        key = sibling_key(req)
-        if self.promises.candidates(key) or (key is not None and self._unlanded.get(key)):
+        candidates, in_flight = self._open_on(sibling_key(req))
+        if candidates or in_flight:
             return False
         if self._would_hold_for_producers(req):
             return False
@@ -375,8 +375,7 @@ class SchedulingState:
         # A promise with b >= INDEX_PREFIX can block only a request whose first INDEX_PREFIX tokens are its own
         # (b <= key_limit < len(tokens), so such a request always has a sibling key, the table's head key).
         key = sibling_key(req)
-        candidates = self.promises.candidates(key)
-        in_flight = self._unlanded.get(key) if key is not None and self._unlanded else None
+        candidates, in_flight = self._open_on(key)
         if not candidates and not in_flight:
             return None
         if getattr(req, DEFER_COUNT, 0) >= self.config.max_defer_rounds:
@@ -390,6 +389,11 @@ class SchedulingState:
         if promise is None and in_flight:
             promise = self._adopt(req, tokens, state_hit, limit, in_flight)
         return promise
+
+    def _open_on(self, key: Optional[tuple]) -> tuple[Any, Any]:
+        """What could block a request with this sibling key: the open promises indexed under it, and the in-flight
+        requests it could adopt (None if none)."""
+        return self.promises.candidates(key), self._unlanded.get(key) if key is not None and self._unlanded else None
 
     # ---- adoption: in-flight requests as producers (full attention, extra_buffer hybrids) ----
     def _note_in_flight(self, req: Any) -> None:

@@ -1,7 +1,8 @@
 """Chunk-last's look-past without matching (SchedulingState.screen_cuts, RadixFlowPrefillAdder._provably_cut): once a
-cut request is held, the scan holds the requests that would be cut too at their positions, unmatched, when the tree's
-path length proves that no match could leave them an extend that fits. On SGLang's real pass the schedule, the hold
-counters and the pools are exactly those of matching every request; only SGLang's matches are saved."""
+cut request is held, the scan holds the requests that would be cut too at their positions, unmatched, when the tree
+holds nothing of their path and their prompt is longer than the budget left. On SGLang's real pass the schedule, the
+hold counters, the cache's eviction order and the pools are exactly those of matching every request; only SGLang's
+matches are saved."""
 from __future__ import annotations
 
 from typing import Any
@@ -23,9 +24,9 @@ def prompt(start: int, length: int) -> list[int]:
 
 def queue() -> list[Any]:
     """T = 400. u0 takes 200; L (300) would be cut to the 200 left: held. Behind it: long new prompts (provably cut),
-    a short one that fits, a prompt on a cached prefix whose 20-token extend fits (its path length makes a cut
-    unprovable: it must be matched, and is admitted whole), a prompt on the other cached prefix whose 150-token tail
-    is longer than the 140 tokens left (provably cut even with its whole path matched)."""
+    a short one that fits, a prompt on a cached prefix whose 20-token extend fits (it must be matched, and is
+    admitted whole), a prompt on the other cached prefix whose 150-token tail is longer than the 140 tokens left (cut,
+    but matched all the same: SGLang's match refreshes its prefix's place in the LRU order)."""
     return [
         make_request("u0", prompt(1, 200)), make_request("L", prompt(1001, 300)),
         make_request("x1", prompt(2001, 300)), make_request("x2", prompt(3001, 250)),
@@ -34,10 +35,11 @@ def queue() -> list[Any]:
     ]
 
 
-def run(components: Any, screening: bool) -> tuple[list[list[tuple[str, int, int]]], list[str], dict[str, int]]:
+def run(components: Any, screening: bool, kv_size: int = 16384
+        ) -> tuple[list[list[tuple[str, int, int]]], list[str], dict[str, int]]:
     """(rid, prefix_len, extend_len) per round, the rids SGLang matched in the first pass, and each request's hold
     count after it."""
-    h = PassHarness(components, arm="radixflow", token_budget=400, rows=8, kv_size=16384, mamba_cache_size=64,
+    h = PassHarness(components, arm="radixflow", token_budget=400, rows=8, kv_size=kv_size, mamba_cache_size=64,
                     producer_rows=0, chunk_last=True)
     h.cache.rf_sched.cut_screening = screening
     h.submit(make_request("sys", SYSTEM), make_request("sys2", SYSTEM2))
@@ -66,43 +68,36 @@ def run(components: Any, screening: bool) -> tuple[list[list[tuple[str, int, int
     return rounds, matched, holds
 
 
+@pytest.mark.parametrize("kv_size", [16384, 1200], ids=["roomy", "evicting"])
 @pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
-def test_screened_look_past_schedules_exactly_as_matching_every_request(components: Any) -> None:
-    matched_rounds, matched_all, holds_matched = run(components, screening=False)
-    screened_rounds, matched_some, holds_screened = run(components, screening=True)
+def test_screened_look_past_schedules_exactly_as_matching_every_request(components: Any, kv_size: int) -> None:
+    """`evicting`: the pool is small enough that later rounds evict cached prefixes, so a prefix the first pass did
+    not touch (a screened request's) would go first and change what `tail` finds."""
+    matched_rounds, matched_all, holds_matched = run(components, screening=False, kv_size=kv_size)
+    screened_rounds, matched_some, holds_screened = run(components, screening=True, kv_size=kv_size)
     assert screened_rounds == matched_rounds
     assert holds_screened == holds_matched
     # The whole ones behind the cut request ran in its round; L was cut from what they left.
     first = {rid for rid, _, _ in matched_rounds[0]}
     assert {"u0", "s0", "hit", "L"} <= first
-    # Matching every request reached all of them (L twice: held, then offered); screening matched only the one
-    # whose match could make it fit.
+    # Matching every request reached all of them (L twice: held, then offered); screening matched only those the
+    # tree holds a prefix of.
     assert set(matched_all) >= {"x1", "x2", "x3", "tail"}
-    assert not {"x1", "x2", "x3", "tail"} & set(matched_some)
-    assert "hit" in matched_some
-    assert holds_screened["x1"] == holds_screened["tail"] == 1
+    assert not {"x1", "x2", "x3"} & set(matched_some)
+    assert {"hit", "tail"} <= set(matched_some)
+    assert holds_screened["x1"] == holds_screened["x3"] == 1
 
 
-def test_no_screen_when_the_memory_check_could_fail() -> None:
-    """SGLang answers NO_TOKEN (and ends the scan) when a request's prompt and output budget exceed what memory
-    is left: a request the proof cannot clear of that is matched, so SGLang's own verdict decides."""
-    h = PassHarness(FULL, arm="radixflow", token_budget=400, rows=8, kv_size=16384, producer_rows=0, chunk_last=True)
-    reqs = queue()
-    h.submit(*reqs)
-    proofs: list[bool] = []
-    from sglang_radixflow.schedule.adder import RadixFlowPrefillAdder
-
-    orig = RadixFlowPrefillAdder._provably_cut
-
-    def tight(self: Any, req: Any) -> bool:
-        with mock.patch.object(type(self.memory_budget), "remaining_total", new_callable=mock.PropertyMock,
-                               return_value=len(req.origin_input_ids) + 1):
-            proofs.append(orig(self, req))
-        return proofs[-1]
-
-    with mock.patch.object(RadixFlowPrefillAdder, "_provably_cut", tight):
-        h.run_pass()
-    assert proofs and not any(proofs)
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_no_screen_when_the_memory_check_could_fail(components: Any) -> None:
+    """A pool so small that x3's prompt and output budget exceed what memory is left once the whole requests are
+    admitted: SGLang answers NO_TOKEN there and ends the scan. The proof cannot clear x3 of that, so it is matched and
+    SGLang's own verdict decides; the schedule is still the matching pass's."""
+    matched_rounds, _, holds_matched = run(components, screening=False, kv_size=900)
+    screened_rounds, matched_some, holds_screened = run(components, screening=True, kv_size=900)
+    assert screened_rounds == matched_rounds and holds_screened == holds_matched
+    assert "x3" in matched_some and not {"x1", "x2"} & set(matched_some)
+    assert "L" not in {rid for rid, _, _ in matched_rounds[0]}  # the scan ended on x3's NO_TOKEN: L waits
 
 
 def test_screening_is_off_without_chunk_last() -> None:
