@@ -355,3 +355,23 @@ def test_alone_turns_are_those_with_nothing_else_in_flight() -> None:
     arm = agent.arm_summary("qwen3", "rr", recs, [], [])
     assert arm["alone_turns"] == 2 and arm["alone_missed_p99"] == pytest.approx(50.0, abs=0.5)
     assert arm["alone_ttft_mean_s"] == pytest.approx(0.5)
+
+
+def test_unmissed_turns_are_returns_that_recomputed_at_most_one_turns_output() -> None:
+    def rec(agent_id: int, turn: int, missed: int, ttft: float) -> dict[str, Any]:
+        return {"agent": agent_id, "turn": turn, "prompt_len": 500, "reusable": 400, "sent_s": 10.0 * agent_id,
+                "ttft_s": ttft, "latency_s": ttft + 0.1, "cached_tokens": 400 - missed, "missed_tokens": missed,
+                "output_len": 8, "error": None, "seed": 0}
+
+    recs = [
+        rec(0, 0, 0, 9.0),  # a first turn: never a return
+        rec(1, 1, 0, 0.030),
+        rec(2, 1, 7, 0.040),  # only the previous turn's output was cut: kept
+        rec(3, 1, 8, 0.050),
+        rec(4, 1, 9, 0.500),  # one token more than a turn's output: eviction cost it something
+        rec(5, 1, 200, 0.900),
+    ]
+    arm = agent.arm_summary("nemotron_h", "rr", recs, [], [])
+    assert arm["unmissed_turns"] == 3
+    assert 0.049 < arm["unmissed_ttft_p99_s"] <= 0.050  # the slowest kept return, not the 0.5 s one
+    assert arm["ttft_p99_s"] > 0.8  # every return counts there
