@@ -26,7 +26,7 @@ end on hybrids): the pass after the producers' round, where every sibling is a R
 Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
 
     python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid] [--cold]
-                                           [--slot-wait] [--in-flight]
+                                           [--slot-wait] [--in-flight] [--producer-rows R] [--chunk-last 0|1]
     python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
     python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
 """
@@ -68,6 +68,9 @@ VARIANTS = {"native": ("sglang", "native"), "rf": ("radixflow", "native"), "rf+f
 SLOT_WAIT = [False]  # --slot-wait: RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow variants
 IN_FLIGHT = [False]  # --in-flight: the timed pass follows one whose round has not been processed (overlap scheduler)
 REFRESH = [False]  # --refresh: time the pass in which SGLang's policy re-touches the first 128 waiting prefixes
+# --producer-rows / --chunk-last: the radixflow variants' RADIXFLOW_PRODUCER_ROWS / RADIXFLOW_CHUNK_LAST (None: the
+# arm's default), to price each feature on its own
+FEATURES: dict[str, Any] = {"producer_rows": None, "chunk_last": None}
 
 
 QUEUE = ["groups"]  # --queue: groups (candidates sharing a document) | unrelated (nothing shared) | consumers
@@ -109,6 +112,7 @@ def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
         CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S,
         kv_size=32768 + (160 * n if consumers else 0), max_num_reqs=S + 8,
         mamba_cache_size=S + 16 + (n // 4 if consumers else 0), max_context_len=2048, slot_wait=SLOT_WAIT[0],
+        **(FEATURES if variant != "native" else {}),
     )
     # SGLang's FCFS policy re-touches (LRU) the prefixes of the first 128 waiting requests on one pass in
     # WAITING_PREFIX_REFRESH_INTERVAL (32): a fresh policy would do it on this pass. Time the common pass unless asked.
@@ -347,6 +351,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "groups whose document + question is already published (the pass after their producers')")
     ap.add_argument("--refresh", action="store_true",
                     help="time SGLang's 1-in-32 pass that re-touches the first 128 waiting prefixes")
+    ap.add_argument("--producer-rows", type=int, default=None, metavar="R",
+                    help="RADIXFLOW_PRODUCER_ROWS for the radixflow variants (default: the arm's, 2)")
+    ap.add_argument("--chunk-last", type=int, choices=(0, 1), default=None,
+                    help="RADIXFLOW_CHUNK_LAST for the radixflow variants (default: the arm's, 1)")
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
     ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the radixflow pass at size N")
     args = ap.parse_args(argv)
@@ -354,6 +362,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     IN_FLIGHT[0] = args.in_flight
     REFRESH[0] = args.refresh
     QUEUE[0] = args.queue
+    FEATURES.update(producer_rows=args.producer_rows,
+                    chunk_last=None if args.chunk_last is None else bool(args.chunk_last))
     if args.profile is not None:
         for config in args.config:
             profile(config, args.profile)
