@@ -375,3 +375,25 @@ def test_unmissed_turns_are_returns_that_recomputed_at_most_one_turns_output() -
     assert arm["unmissed_turns"] == 3
     assert 0.049 < arm["unmissed_ttft_p99_s"] <= 0.050  # the slowest kept return, not the 0.5 s one
     assert arm["ttft_p99_s"] > 0.8  # every return counts there
+
+
+def test_report_sets_rrs_unmissed_p99_against_lrus_p99(tmp_path: Path) -> None:
+    w = make_agent_workload(AgentParams(**agent.QUICK))
+    (tmp_path / "workload.json").write_text(json.dumps(
+        {"workload": w.describe(), "models": ["qwen3"], "policies": ["lru", "rr"]}))
+    for pol in ("lru", "rr"):
+        recs = _records(pol)
+        if pol == "rr":  # agent 3's returns lost only a turn's output: unmissed, 0.05 s each
+            for r in recs:
+                if r["agent"] == 3 and r["turn"] > 0:
+                    r.update(missed_tokens=8, ttft_s=0.05)
+        d = tmp_path / "qwen3" / pol
+        d.mkdir(parents=True)
+        write_jsonl(d / "requests.jsonl", recs)
+        (d / "meta.json").write_text(json.dumps({"wall_s": 1.0, "first_round": -1, "idle_leak_reported": False}))
+    summary = agent.write_report(tmp_path)
+    rr, lru = summary["arms"]["qwen3/rr"], summary["arms"]["qwen3/lru"]
+    assert rr["unmissed_turns"] == 2 and rr["unmissed_ttft_p99_s"] == pytest.approx(0.05)
+    assert lru["unmissed_turns"] == 0 and lru["unmissed_ttft_p99_s"] is None  # every lru return missed 30 or 300
+    report = (tmp_path / "report.md").read_text()
+    assert f"recomputed at most one turn's output (2): TTFT P99 0.050, {0.05 / lru['ttft_p99_s']:.2f}x" in report
