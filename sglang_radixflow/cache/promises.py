@@ -120,6 +120,11 @@ class PromiseTable:
         indexed = self._by_head.get(head_key, ()) if head_key is not None else ()
         return [*indexed, *self._short] if self._short else indexed
 
+    def may_serve(self, head_key: Optional[tuple]) -> bool:
+        """Whether any open promise could serve a request whose head_key is `head_key` (`candidates` is not empty):
+        O(1), for the scan's common case of a request nothing is promised to."""
+        return bool(self._short) or (head_key is not None and head_key in self._by_head)
+
     def _head_key_of(self, promise: Promise) -> Optional[tuple]:
         return self.head_key(promise.namespace, promise.tokens)
 

@@ -96,24 +96,46 @@ class RadixFlowPrefillAdder(PrefillAdder):
     _rf_align: Optional[int] = None
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
-        # Runs for every request the scan examines: the common case (no promise open, no sibling waiting) is kept to
-        # a few attribute reads on top of SGLang's own add_one_req.
+        # Runs for every request the scan examines: the common case (nothing open on its sibling key, no sibling
+        # waiting) is kept to a few lookups on top of SGLang's own add_one_req.
         sched = self.tree_cache.rf_sched
         self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
+        self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
         sched.note_examined()
-        if sched.may_block and sched.blocking_promise(req) is not None:
+        if sched.is_plain(req):
+            # None of radixflow's verdicts can apply (nothing blocks it, it plans nothing, nothing holds it): SGLang's
+            # admission alone, the common case, kept to a few lookups.
+            plan = None
+        elif sched.may_block and sched.blocking_promise(req) is not None:
             sched.note_blocked(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
-
-        if sched.config.fragmentation and self._would_fragment(req, sched):
+        elif sched.config.fragmentation and self._would_fragment(req, sched):
             sched.note_fragment_skip(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
+        else:
+            plan = self._plan_or_hold(req, sched, has_chunked_req, truncation_align_size)
+            if isinstance(plan, AddReqResult):
+                return plan
+        self._rf_plan = plan
+        try:
+            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
+        finally:
+            self._rf_plan = None
+        if self.can_run_list and self.can_run_list[-1] is req:
+            # the hit of this pass's match (init_next_round_input); add_one_req does not match again
+            sched.note_admitted(req, plan, token_hit(req))
+        elif self._rf_cut_held:
+            self._rf_cut_held = False
+            release_staged(req, self.tree_cache)
+        return result
 
-        hit = token_hit(req)  # set by this pass's match (init_next_round_input); add_one_req does not match again
-        self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
-        plan = self._plan(req, sched, hit)
+    def _plan_or_hold(self, req: Any, sched: Any, has_chunked_req: bool, truncation_align_size: Optional[int]
+                      ) -> "Optional[ProducerPlan] | AddReqResult":
+        """A Ready request's producer plan (None: no producer), or the scan's result when this pass does not admit it
+        as it is: it waits for the chunk slot, a prefix request goes in its place, or producer rows hold it."""
+        plan = self._plan(req, sched, token_hit(req))
         if plan is not None:
             if self._producer_slot_busy(req, plan, sched):
                 # RADIXFLOW_PRODUCER_SLOT_WAIT: its state at b can only be published by cutting its chunk there, and
@@ -130,17 +152,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         elif sched.config.producer_rows and sched.holds_for_producers(req):
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
-        self._rf_plan = plan
-        try:
-            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-        finally:
-            self._rf_plan = None
-        if self.can_run_list and self.can_run_list[-1] is req:
-            sched.note_admitted(req, plan, hit)
-        elif self._rf_cut_held:
-            self._rf_cut_held = False
-            release_staged(req, self.tree_cache)
-        return result
+        return plan
 
     def _needs_prefix_request(self, req: Any, plan: ProducerPlan, sched: Any) -> bool:
         """A no_buffer producer with siblings waiting publishes b through a prefix request whenever it can, even with
@@ -248,19 +260,18 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def _select_prefill_admission(self, req: Any, **kwargs: Any):
         admission = super()._select_prefill_admission(req, **kwargs)
-        if (
-            not isinstance(admission, AddReqResult)
-            and admission.is_chunked
-            and (self.new_chunked_req is not None or kwargs.get("has_chunked_req"))
-        ):
-            # SGLang tracks ONE chunked request per pass. Natively a chunk always spends the rest of the budget, so
-            # a second one never arises; after a chunk cut at a producer boundary budget is left, and a second
-            # chunked admission would replace the first. End the scan as native budget exhaustion would.
-            return AddReqResult.OTHER
-        if not isinstance(admission, AddReqResult) and admission.is_chunked and self._holds_cut(req, admission):
-            return AddReqResult.CONTINUE
+        if isinstance(admission, AddReqResult):
+            return admission
+        if admission.is_chunked:
+            if self.new_chunked_req is not None or kwargs.get("has_chunked_req"):
+                # SGLang tracks ONE chunked request per pass. Natively a chunk always spends the rest of the budget, so
+                # a second one never arises; after a chunk cut at a producer boundary budget is left, and a second
+                # chunked admission would replace the first. End the scan as native budget exhaustion would.
+                return AddReqResult.OTHER
+            if self._holds_cut(req, admission):
+                return AddReqResult.CONTINUE
         plan = self._rf_plan
-        if plan is None or isinstance(admission, AddReqResult):
+        if plan is None:
             return admission
         if plan.mode is PublishMode.TRACK:
             return self._track_admission(admission, plan)

@@ -150,6 +150,11 @@ class SiblingIndex:
             if not group:
                 del self._groups[key]
 
+    def has_siblings(self, req: Any, key: Optional[tuple]) -> bool:
+        """Whether another indexed request shares `req`'s sibling key `key` (`siblings` is not empty), in O(1)."""
+        group = self._groups.get(key) if key is not None else None
+        return bool(group) and (len(group) > 1 or id(req) not in group)
+
     def siblings(self, req: Any) -> list[Any]:
         key = sibling_key(req)
         group = self._groups.get(key) if key is not None else None

@@ -45,6 +45,7 @@ HOLD_RUN_LIMIT = 8
 CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that offered it last because it would be cut (chunk_last)
 FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
 FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
+NEVER = float("inf")  # a threshold no count reaches
 
 
 @dataclass
@@ -63,10 +64,19 @@ class PassStats:
     held: int = 0  # Ready non-producers passed over for producers behind them (producer_rows), then offered again
     cut_held: int = 0  # requests the budget would cut, passed over for whole ones behind (chunk_last), then offered
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
-    admitted_ids: set[int] = field(default_factory=set, repr=False)  # ids of admitted_reqs: siblings no longer waiting
+    _admitted_ids: set[int] = field(default_factory=set, repr=False)
     token_hit_sum: int = 0
     state_hit_sum: int = 0
     first_selection_wait_s: list[float] = field(default_factory=list)
+
+    @property
+    def admitted_ids(self) -> set[int]:
+        """ids of admitted_reqs (siblings no longer waiting), brought up to date when a plan asks: passes that plan
+        nothing never build it."""
+        ids, admitted = self._admitted_ids, self.admitted_reqs
+        if len(ids) != len(admitted):  # each request is admitted once per pass: the new ones are the tail
+            ids.update(map(id, admitted[len(ids):]))
+        return ids
 
 
 class SchedulingState:
@@ -93,6 +103,7 @@ class SchedulingState:
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
         self.current: Optional[PassStats] = None
+        self._pass_began = 0.0  # perf_counter at begin_pass: the first-selection time of the requests it admits
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
         self._index_fresh = False
         self._waiting: list[Any] = []
@@ -121,6 +132,10 @@ class SchedulingState:
         self._cut_screened: list[Any] = []
         self._scan_pos = 0  # queue position of the request the scan is on
         self._non_producers = 0
+        # Producer rows: admitted non-producers from which a Ready one may be held (S - R; beyond any pass when off).
+        self._producer_hold_from = NEVER
+        # Admitted requests may be adopted while in flight (full attention and extra_buffer hybrids, traversal on).
+        self._tracks_in_flight = False
         # Full attention and extra_buffer hybrids: requests admitted by recent passes whose round's KV (and tracked
         # state) has not entered the tree yet, by sibling key (id -> (request, extend end, pass round)). Under SGLang's
         # overlap scheduler a pass runs before the previous round's results are processed, so a sibling that arrived
@@ -150,6 +165,7 @@ class SchedulingState:
                    token_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         self.current = PassStats(round_id=round_id, waiting=len(waiting))
+        self._pass_began = time.perf_counter()
         self._waiting = waiting
         self._examined_at_begin = self._examined
         self._row_budget = row_budget
@@ -162,6 +178,9 @@ class SchedulingState:
         self._cut_screen = None
         self._cut_screened = []
         self._non_producers = 0
+        rows = self.config.producer_rows
+        self._producer_hold_from = row_budget - min(rows, row_budget - 1) if rows and row_budget is not None else NEVER
+        self._tracks_in_flight = self.mode is not PublishMode.CHUNK_END and self.traversal != "native"
         self._index_fresh = False
         self._known_blocked = {}
         self._screened = []
@@ -304,10 +323,10 @@ class SchedulingState:
         return True
 
     def _would_hold_for_producers(self, req: Any) -> bool:
-        rows = self.config.producer_rows
-        if not rows or not self._scanning or self._row_budget is None or self._first_hold_at == -1:
-            return False
-        return self._non_producers >= self._row_budget - min(rows, self._row_budget - 1) and not is_cache_only(req)
+        return (
+            self._non_producers >= self._producer_hold_from and self._scanning and self._first_hold_at != -1
+            and not is_cache_only(req)
+        )
 
     def screen_cuts(self, provably_cut: Callable[[Any], bool]) -> None:
         """A cut request is held (chunk_last): until the held ones are offered again, the scan holds the requests
@@ -362,6 +381,26 @@ class SchedulingState:
             self.current.screened += len(self._screened)
             self._screened.clear()
 
+    def is_plain(self, req: Any) -> bool:
+        """Whether none of radixflow's verdicts can apply to `req` at this scan position, known from O(1) lookups: the
+        traversal is off, or nothing can block it (no open promise could serve its sibling key, nothing in flight
+        under it), it has no waiting sibling (it plans nothing), it is not cache-only, and producer rows would not hold
+        it; fragmentation deferral is off. The adder then leaves it to SGLang's admission alone, as the full checks
+        would (`blocking_promise`, `plan`, `holds_for_producers` all pass it over), at a fraction of their cost."""
+        config = self.config
+        if config.fragmentation or is_cache_only(req):
+            return False
+        if not self.active:  # nothing blocks, nothing is planned, nothing is held
+            return True
+        key = sibling_key(req)
+        if key is None or self.promises.may_serve(key) or key in self._unlanded:
+            return False
+        if not self._index_fresh:
+            self.index_waiting(self._waiting)
+        if self._index.has_siblings(req, key):
+            return False
+        return self._non_producers < self._producer_hold_from or not self._would_hold_for_producers(req)
+
     @property
     def may_block(self) -> bool:
         """Whether any request can be Blocked now (an open promise, or an in-flight request to adopt): the adder's
@@ -405,8 +444,10 @@ class SchedulingState:
             return  # its KV lands elsewhere or not at all, or under keys other than its token ids
         key = sibling_key(req)
         if key is not None:
-            assert self.current is not None
-            self._unlanded.setdefault(key, {})[id(req)] = (req, int(req.extend_end), self.current.round_id)
+            group = self._unlanded.get(key)
+            if group is None:
+                group = self._unlanded[key] = {}
+            group[id(req)] = (req, int(req.extend_end), self.current.round_id)
 
     def on_landed(self, req: Any) -> None:
         """The request's KV entered the tree (checkpoint) or it left (release): nothing left to adopt."""
@@ -523,21 +564,21 @@ class SchedulingState:
         )
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
+        # Runs for every admitted request: kept to plain statements (the pass's own cost, bench_sched_overhead.py).
         current = self.current
-        assert current is not None
         self._hold_run = 0  # admitted (a whole request; past S - R rows a producer): the run of held ones is broken
         current.admitted_reqs.append(req)
-        current.admitted_ids.add(id(req))
         state_hit = int(req.prefix_len)
         current.token_hit_sum += token_hit
         current.state_hit_sum += state_hit
-        entered = req.time_stats.wait_queue_entry_time or 0.0
-        if entered > 0.0:
-            current.first_selection_wait_s.append(max(0.0, time.perf_counter() - entered))
+        entered = req.time_stats.wait_queue_entry_time
+        if entered:  # selected by the pass that began at _pass_began (one clock read per pass)
+            wait = self._pass_began - entered
+            current.first_selection_wait_s.append(wait if wait > 0.0 else 0.0)
         note_admitted_meta(req, token_hit, state_hit)
         # Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state only where it ends, past
         # what its siblings share.
-        if self.mode is not PublishMode.CHUNK_END and self.traversal != "native":
+        if self._tracks_in_flight:
             self._note_in_flight(req)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
