@@ -571,8 +571,8 @@ class SchedulingState:
         state_hit = int(req.prefix_len)
         current.token_hit_sum += token_hit
         current.state_hit_sum += state_hit
-        entered = req.time_stats.wait_queue_entry_time
-        if entered:  # selected by the pass that began at _pass_began (one clock read per pass)
+        entered = req.time_stats.wait_queue_entry_time or 0.0
+        if entered > 0.0:  # selected by the pass that began at _pass_began (one clock read per pass)
             wait = self._pass_began - entered
             current.first_selection_wait_s.append(wait if wait > 0.0 else 0.0)
         note_admitted_meta(req, token_hit, state_hit)
