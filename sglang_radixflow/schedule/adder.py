@@ -102,18 +102,17 @@ class RadixFlowPrefillAdder(PrefillAdder):
         self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
         self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
         sched.note_examined()
-        if sched.is_plain(req):
-            # None of radixflow's verdicts can apply (nothing blocks it, it plans nothing, nothing holds it): SGLang's
-            # admission alone, the common case, kept to a few lookups.
-            plan = None
-        elif sched.may_block and sched.blocking_promise(req) is not None:
+        if sched.could_block(req) and sched.blocking_promise(req) is not None:
             sched.note_blocked(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
-        elif sched.config.fragmentation and self._would_fragment(req, sched):
+        if sched.config.fragmentation and self._would_fragment(req, sched):
             sched.note_fragment_skip(req)
             release_staged(req, self.tree_cache)
             return AddReqResult.CONTINUE
+        if sched.plans_nothing(req):
+            # No producer plan, no hold: SGLang's admission alone (the common case, kept to a few lookups).
+            plan = None
         else:
             plan = self._plan_or_hold(req, sched, has_chunked_req, truncation_align_size)
             if isinstance(plan, AddReqResult):

@@ -381,31 +381,27 @@ class SchedulingState:
             self.current.screened += len(self._screened)
             self._screened.clear()
 
-    def is_plain(self, req: Any) -> bool:
-        """Whether none of radixflow's verdicts can apply to `req` at this scan position, known from O(1) lookups: the
-        traversal is off, or nothing can block it (no open promise could serve its sibling key, nothing in flight
-        under it), it has no waiting sibling (it plans nothing), it is not cache-only, and producer rows would not hold
-        it; fragmentation deferral is off. The adder then leaves it to SGLang's admission alone, as the full checks
-        would (`blocking_promise`, `plan`, `holds_for_producers` all pass it over), at a fraction of their cost."""
-        config = self.config
-        if config.fragmentation or is_cache_only(req):
+    def could_block(self, req: Any) -> bool:
+        """Whether `blocking_promise` could find anything for `req`, in O(1): the traversal is on and an open promise
+        could serve its sibling key (or a short promise is open), or a request in flight shares that key."""
+        if not self.active:
             return False
-        if not self.active:  # nothing blocks, nothing is planned, nothing is held
-            return True
         key = sibling_key(req)
-        if key is None or self.promises.may_serve(key) or key in self._unlanded:
+        return self.promises.may_serve(key) or (key is not None and key in self._unlanded)
+
+    def plans_nothing(self, req: Any) -> bool:
+        """Whether the adder's planning would pass a Ready `req` over, known in O(1): the traversal is off, or it is
+        not cache-only, no sibling waits beside it (`plan` finds none) and producer rows would not hold it. The
+        adder then leaves it to SGLang's admission alone, as the full checks would."""
+        if is_cache_only(req):
             return False
+        if not self.active:  # nothing is planned, nothing is held
+            return True
         if not self._index_fresh:
             self.index_waiting(self._waiting)
-        if self._index.has_siblings(req, key):
+        if self._index.has_siblings(req, sibling_key(req)):
             return False
         return self._non_producers < self._producer_hold_from or not self._would_hold_for_producers(req)
-
-    @property
-    def may_block(self) -> bool:
-        """Whether any request can be Blocked now (an open promise, or an in-flight request to adopt): the adder's
-        O(1) guard before `blocking_promise`."""
-        return bool(self.promises) or bool(self._unlanded)
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""

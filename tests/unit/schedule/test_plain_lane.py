@@ -1,6 +1,7 @@
-"""The adder's plain lane (SchedulingState.is_plain): a request none of radixflow's verdicts can apply to goes straight
-to SGLang's admission. On SGLang's real pass it must decide exactly what the full checks decide (blocking_promise,
-plan, holds_for_producers), round by round, while most requests of an ordinary queue take it."""
+"""The adder's plain lane: a request nothing can block (SchedulingState.could_block, O(1) on its sibling key) skips
+`blocking_promise`, and one that would plan nothing (`plans_nothing`: no waiting sibling, not cache-only, no producer
+rows hold) goes straight to SGLang's admission. On SGLang's real pass the lane must decide exactly what the full checks
+decide, round by round, while most requests of an ordinary queue take it."""
 from __future__ import annotations
 
 from typing import Any
@@ -38,14 +39,18 @@ def run(components: Any, plain_lane: bool, traversal: str = "radixflow") -> tupl
     h = PassHarness(components, arm=traversal, token_budget=512, rows=6, kv_size=16384, mamba_cache_size=64)
     waves = workload()
     answers: list[bool] = []
-    real = SchedulingState.is_plain
+    real_block, real_plain = SchedulingState.could_block, SchedulingState.plans_nothing
 
-    def lane(self: SchedulingState, req: Any) -> bool:
-        answer = real(self, req) if plain_lane else False
+    def block(self: SchedulingState, req: Any) -> bool:
+        return real_block(self, req) if plain_lane else True  # the full check: blocking_promise for every request
+
+    def plain(self: SchedulingState, req: Any) -> bool:
+        answer = real_plain(self, req) if plain_lane else False  # the full check: planning for every request
         answers.append(answer)
         return answer
 
-    with mock.patch.object(SchedulingState, "is_plain", lane):
+    with mock.patch.object(SchedulingState, "could_block", block), \
+            mock.patch.object(SchedulingState, "plans_nothing", plain):
         h.submit(*waves[0])
         rounds = [h.execute()] if h.run_pass() else []  # one round: the second wave meets open promises
         h.submit(*waves[1])
@@ -68,8 +73,8 @@ def test_plain_lane_schedules_exactly_as_the_full_checks(components: Any, arm: s
 
 
 def test_a_request_with_anything_to_check_is_not_plain() -> None:
-    """Each condition alone takes a request off the lane: a waiting sibling, an open promise on its first tokens, a
-    sibling in flight (full attention), a cache-only request, fragmentation deferral on."""
+    """Each condition alone takes a request off the lane: a waiting sibling or being cache-only (it may plan), an open
+    promise on its first tokens or a sibling in flight (full attention: it may be Blocked)."""
     doc = prompt(30_001, 200)
     h = PassHarness(FULL, arm="radixflow", token_budget=4096, rows=8, kv_size=16384, mamba_cache_size=64)
     lone, sib1, sib2 = make_request("lone", prompt(1, 50)), make_request("s1", doc + [7]), make_request("s2", doc + [8])
@@ -78,11 +83,12 @@ def test_a_request_with_anything_to_check_is_not_plain() -> None:
     sched = h.cache.rf_sched
     sched.begin_pass(1, h.sched.waiting_queue, 8, 4096)
     try:
-        assert sched.is_plain(lone)
-        assert not sched.is_plain(sib1)  # s2 waits beside it
-        assert not sched.is_plain(warm)
+        assert sched.plans_nothing(lone) and not sched.could_block(lone)
+        assert not sched.plans_nothing(sib1)  # s2 waits beside it
+        assert not sched.plans_nothing(warm)
         sched.promises.register(namespace_of(lone), prompt(1, 40), 40, "p", 1)
-        assert not sched.is_plain(lone)  # a promise on its first tokens
+        assert sched.could_block(lone)  # a promise on its first tokens
+        assert not sched.could_block(sib1)
     finally:
         sched.end_pass()
 
@@ -94,17 +100,7 @@ def test_a_request_with_anything_to_check_is_not_plain() -> None:
     sched2 = h2.cache.rf_sched
     sched2.begin_pass(2, h2.sched.waiting_queue, 8, 4096)
     try:
-        assert not sched2.is_plain(later)  # it may adopt `first`, in flight
+        assert sched2.could_block(later)  # it may adopt `first`, in flight
     finally:
         sched2.end_pass()
     h2.execute()
-
-    h3 = PassHarness(FULL, arm="radixflow+frag", token_budget=4096, rows=8, kv_size=16384, mamba_cache_size=64)
-    alone = make_request("alone", prompt(50_001, 40))
-    h3.submit(alone)
-    sched3 = h3.cache.rf_sched
-    sched3.begin_pass(1, h3.sched.waiting_queue, 8, 4096)
-    try:
-        assert not sched3.is_plain(alone)  # fragmentation deferral is decided by the adder's budget
-    finally:
-        sched3.end_pass()
