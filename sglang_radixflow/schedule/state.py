@@ -390,9 +390,9 @@ class SchedulingState:
         return self.promises.may_serve(key) or (key is not None and key in self._unlanded)
 
     def plans_nothing(self, req: Any) -> bool:
-        """Whether the adder's planning would pass a Ready `req` over, known in O(1): the traversal is off, or it is
-        not cache-only, no sibling waits beside it (`plan` finds none) and producer rows would not hold it. The
-        adder then leaves it to SGLang's admission alone, as the full checks would."""
+        """Whether the adder's planning would pass a Ready `req` over, known in O(1): it is not cache-only, and either
+        the traversal is off or no sibling waits beside it (`plan` finds none) and producer rows would not hold it.
+        The adder then leaves it to SGLang's admission alone, as the full checks would."""
         if is_cache_only(req):
             return False
         if not self.active:  # nothing is planned, nothing is held
