@@ -8,6 +8,7 @@ request may become a producer; under no_buffer its extend is cut at the boundary
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Optional
 
 from sglang.srt.managers import schedule_policy
@@ -18,7 +19,9 @@ from sglang.srt.mem_cache.prefill_budget import PrefillBudget
 from sglang_radixflow.cache.tree import REQ_STATE_HIT, REQ_TOKEN_HIT, token_hit
 from sglang_radixflow.schedule.prefix_request import can_split, make_prefix_request
 from sglang_radixflow.schedule.producers import ProducerPlan, PublishMode, is_cache_only, namespace_of, request_tokens
-from sglang_radixflow.schedule.state import DEFER_COUNT, FRAG_SKIPS, SLOT_WAIT_FACTOR, SLOT_WAITS
+from sglang_radixflow.schedule.state import (
+    DEFER_COUNT, FRAG_SKIPS, MAY_BLOCK, MAY_FRAGMENT, MAY_PLAN, SLOT_WAIT_FACTOR, SLOT_WAITS,
+)
 
 # SGLang internals this module relies on (fail loudly on upgrade):
 assert {"prefix_len", "extend_len", "max_new_tokens", "is_chunked", "replay_len"} <= {
@@ -36,6 +39,9 @@ assert set(MATCH_KV_FIELDS) <= {f.name for f in dataclasses.fields(ReqKvInfo)}
 assert callable(getattr(Req, "_compute_max_prefix_len", None)), "SGLang's Req caps a match at its input length - 1"
 # What _provably_cut reads of SGLang's admission (add_one_req, _select_prefill_admission, budget checks).
 assert {"_IS_HIP", "CLIP_MAX_NEW_TOKENS", "get_exec"} <= set(vars(schedule_policy)), "schedule_policy internals"
+assert list(inspect.signature(PrefillAdder._select_prefill_admission).parameters) == [
+    "self", "req", "total_tokens", "host_hit_length", "swa_host_hit_length", "truncation_align_size", "has_chunked_req",
+], "PrefillAdder._select_prefill_admission's parameters (the override spells them out)"
 assert all(callable(getattr(PrefillAdder, name, None)) for name in (
     "_mamba_gap_budget_for_req", "_request_slot_reserve_for_req",
 )), "PrefillAdder's admission helpers"
@@ -88,7 +94,6 @@ def release_staged(req: Any, tree_cache: Any) -> None:
 
 class RadixFlowPrefillAdder(PrefillAdder):
     _rf_plan: Optional[ProducerPlan] = None
-    _rf_may_chunk: bool = False
     _rf_producer: Any = None  # while a prefix request is selected: its producer (the request the scan holds)
     _rf_producer_plan: Optional[ProducerPlan] = None  # and the producer's plan
     _rf_cut_held: bool = False  # the request being added was held by chunk_last (the scan offers it again)
@@ -97,38 +102,51 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
         # Runs for every request the scan examines: the common case (nothing open on its sibling key, no sibling
-        # waiting) is kept to a few lookups on top of SGLang's own add_one_req.
+        # waiting: PLAIN) is kept to a few lookups on top of SGLang's own add_one_req.
         sched = self.tree_cache.rf_sched
         self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
-        self._rf_may_chunk = not has_chunked_req and self.new_chunked_req is None
-        sched.note_examined()
-        if sched.could_block(req) and sched.blocking_promise(req) is not None:
-            sched.note_blocked(req)
-            release_staged(req, self.tree_cache)
-            return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
-        if sched.config.fragmentation and self._would_fragment(req, sched):
-            sched.note_fragment_skip(req)
-            release_staged(req, self.tree_cache)
-            return AddReqResult.CONTINUE
-        if sched.plans_nothing(req):
-            # No producer plan, no hold: SGLang's admission alone (the common case, kept to a few lookups).
-            plan = None
-        else:
-            plan = self._plan_or_hold(req, sched, has_chunked_req, truncation_align_size)
-            if isinstance(plan, AddReqResult):
+        checks = sched.examine(req)
+        if checks:
+            plan = self._checked(req, sched, checks, has_chunked_req, truncation_align_size)
+            if plan.__class__ is AddReqResult:
                 return plan
-        self._rf_plan = plan
-        try:
-            result = super().add_one_req(req, has_chunked_req, truncation_align_size)
-        finally:
-            self._rf_plan = None
-        if self.can_run_list and self.can_run_list[-1] is req:
+            self._rf_plan = plan
+            try:
+                result = PrefillAdder.add_one_req(self, req, has_chunked_req, truncation_align_size)
+            finally:
+                self._rf_plan = None
+        else:
+            plan = None
+            result = PrefillAdder.add_one_req(self, req, has_chunked_req, truncation_align_size)
+        can_run = self.can_run_list
+        if can_run and can_run[-1] is req:
             # the hit of this pass's match (init_next_round_input); add_one_req does not match again
             sched.note_admitted(req, plan, token_hit(req))
         elif self._rf_cut_held:
             self._rf_cut_held = False
             release_staged(req, self.tree_cache)
         return result
+
+    @property
+    def _rf_may_chunk(self) -> bool:
+        """Whether the request being added may become this pass's chunked request (SGLang tracks one)."""
+        return not self._rf_has_chunked and self.new_chunked_req is None
+
+    def _checked(self, req: Any, sched: Any, checks: int, has_chunked_req: bool,
+                 truncation_align_size: Optional[int]) -> "Optional[ProducerPlan] | AddReqResult":
+        """radixflow's verdicts for a request `SchedulingState.examine` did not pass as PLAIN: Blocked (skip: CONTINUE,
+        stop: OTHER), a fragment deferral, or its producer plan (None: none) or hold."""
+        if checks & MAY_BLOCK and sched.blocking_promise(req) is not None:
+            sched.note_blocked(req)
+            release_staged(req, self.tree_cache)
+            return AddReqResult.OTHER if sched.traversal == "stop" else AddReqResult.CONTINUE
+        if checks & MAY_FRAGMENT and self._would_fragment(req, sched):
+            sched.note_fragment_skip(req)
+            release_staged(req, self.tree_cache)
+            return AddReqResult.CONTINUE
+        if checks & MAY_PLAN:
+            return self._plan_or_hold(req, sched, has_chunked_req, truncation_align_size)
+        return None
 
     def _plan_or_hold(self, req: Any, sched: Any, has_chunked_req: bool, truncation_align_size: Optional[int]
                       ) -> "Optional[ProducerPlan] | AddReqResult":
@@ -257,12 +275,19 @@ class RadixFlowPrefillAdder(PrefillAdder):
             and getattr(req, FRAG_SKIPS, 0) < sched.config.max_defer_rounds
         )
 
-    def _select_prefill_admission(self, req: Any, **kwargs: Any):
-        admission = super()._select_prefill_admission(req, **kwargs)
-        if isinstance(admission, AddReqResult):
+    def _select_prefill_admission(self, req: Any, *, total_tokens: int, host_hit_length: int,
+                                  swa_host_hit_length: int, truncation_align_size: Optional[int],
+                                  has_chunked_req: bool = False):
+        # SGLang's keyword-only parameters spelled out (asserted at import): no kwargs dict per examined request.
+        admission = PrefillAdder._select_prefill_admission(
+            self, req, total_tokens=total_tokens, host_hit_length=host_hit_length,
+            swa_host_hit_length=swa_host_hit_length, truncation_align_size=truncation_align_size,
+            has_chunked_req=has_chunked_req,
+        )
+        if admission.__class__ is AddReqResult:
             return admission
         if admission.is_chunked:
-            if self.new_chunked_req is not None or kwargs.get("has_chunked_req"):
+            if self.new_chunked_req is not None or has_chunked_req:
                 # SGLang tracks ONE chunked request per pass. Natively a chunk always spends the rest of the budget, so
                 # a second one never arises; after a chunk cut at a producer boundary budget is left, and a second
                 # chunked admission would replace the first. End the scan as native budget exhaustion would.
@@ -301,8 +326,11 @@ class RadixFlowPrefillAdder(PrefillAdder):
         extend = len(req.full_untruncated_fill_ids) - admission.prefix_len
         held, held_plan = (req, plan) if self._rf_producer is None else (self._rf_producer, self._rf_producer_plan)
         sched = self.tree_cache.rf_sched
-        self._rf_cut_held = sched.holds_cut(held, extend, held_plan, token_hit(held))
-        if self._rf_cut_held and self._can_prove_cuts():
+        provable = self._can_prove_cuts()
+        self._rf_cut_held = sched.holds_cut(
+            held, extend, held_plan, token_hit(held), provably_cut=self._provably_cut if provable else None,
+        )
+        if self._rf_cut_held and provable:
             sched.screen_cuts(self._provably_cut)
         return self._rf_cut_held
 

@@ -115,9 +115,16 @@ class SiblingIndex:
         """`gone` left the queue (admitted by a pass) and `remaining` is SGLang's queue now. The snapshot moves to
         `remaining` only when the counts prove it is the indexed queue less `gone`; otherwise the next refresh
         diffs."""
-        for req in gone:
-            if id(req) in self._members:
-                self._remove(id(req))
+        members, key_of, groups = self._members, self._key_of, self._groups
+        for req in gone:  # `_remove`, inlined: runs for every request a pass admits
+            rid = id(req)
+            if members.pop(rid, None) is not None:
+                key = key_of.pop(rid)
+                if key is not None:
+                    group = groups[key]
+                    del group[rid]
+                    if not group:
+                        del groups[key]
         synced = self._order is not None and len(self._members) == len(remaining)
         self._order = list(remaining) if synced else None
 
@@ -152,8 +159,8 @@ class SiblingIndex:
 
     def has_siblings(self, req: Any, key: Optional[tuple]) -> bool:
         """Whether another indexed request shares `req`'s sibling key `key` (`siblings` is not empty), in O(1)."""
-        group = self._groups.get(key) if key is not None else None
-        return bool(group) and (len(group) > 1 or id(req) not in group)
+        group = self._groups.get(key)  # None (no key) is never a key; groups are never left empty
+        return group is not None and (len(group) > 1 or id(req) not in group)
 
     def siblings(self, req: Any) -> list[Any]:
         key = sibling_key(req)

@@ -24,7 +24,7 @@ class ScanQueue(list):
 
     def __iter__(self) -> Iterator[Any]:
         plain = list.__iter__(self)
-        return self._state.screen(plain) if self._state.screens_scan() else plain
+        return self._state.screen(plain, self) if self._state.screens_scan() else plain
 
 
 def install(scheduler: Any, state: SchedulingState) -> Any:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable, as_tokens, common_prefix_with
 from sglang_radixflow.config import RadixFlowConfig
-from sglang_radixflow.observe.meta import note_admitted_meta
+from sglang_radixflow.observe.meta import META_STATE_HIT, META_TOKEN_HIT, note_admitted_meta
 from sglang_radixflow.observe.rounds import RoundRecorder
 from sglang_radixflow.observe.trace import TraceWriter
 from sglang_radixflow.schedule.admission import AdmissionGate
@@ -42,6 +42,9 @@ SLOT_WAIT_FACTOR = 4  # slot waits are bounded at this multiple of max_defer_rou
 # 129 matched for 64 admitted on a queue of Ready consumers); 8 keeps every replay round count of the calibrated S = 8
 # (2 to 6 cost mc-cold or mc-mixed a round).
 HOLD_RUN_LIMIT = 8
+# Which of the adder's checks could change what happens to a request it is handed (SchedulingState.examine); PLAIN:
+# none, SGLang's admission alone decides.
+PLAIN, MAY_BLOCK, MAY_PLAN, MAY_FRAGMENT = 0, 1, 2, 4
 CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that offered it last because it would be cut (chunk_last)
 FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
 FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
@@ -131,7 +134,9 @@ class SchedulingState:
         self._cut_screen: Optional[Callable[[Any], bool]] = None
         self._cut_screened: list[Any] = []
         self._scan_pos = 0  # queue position of the request the scan is on
+        self._scan_queue: Optional[Sequence[Any]] = None  # the queue the scan iterates (when `screen` was given it)
         self._non_producers = 0
+        self._fragment_checks = PLAIN  # MAY_FRAGMENT while a pass runs with the fragmentation extension on
         # Producer rows: admitted non-producers from which a Ready one may be held (S - R; beyond any pass when off).
         self._producer_hold_from = NEVER
         # Admitted requests may be adopted while in flight (full attention and extra_buffer hybrids, traversal on).
@@ -171,6 +176,7 @@ class SchedulingState:
         self._row_budget = row_budget
         self._token_budget = token_budget
         self._scanning = False
+        self._scan_queue = None
         self._held = []
         self._first_hold_at = None
         self._hold_run = 0
@@ -178,6 +184,7 @@ class SchedulingState:
         self._cut_screen = None
         self._cut_screened = []
         self._non_producers = 0
+        self._fragment_checks = MAY_FRAGMENT if self.config.fragmentation else PLAIN
         rows = self.config.producer_rows
         self._producer_hold_from = row_budget - min(rows, row_budget - 1) if rows and row_budget is not None else NEVER
         self._tracks_in_flight = self.mode is not PublishMode.CHUNK_END and self.traversal != "native"
@@ -208,6 +215,7 @@ class SchedulingState:
         self._cut_screen = None
         self._cut_screened = []  # never followed by an examined request: SGLang's scan ended before them
         self._scanning = False
+        self._scan_queue = None
         return stats
 
     @property
@@ -222,11 +230,12 @@ class SchedulingState:
         the plain list). Which of the iterations starting earlier is the scan is settled inside `screen`."""
         return self.current is not None and self.traversal == "skip" and self._examined == self._examined_at_begin
 
-    def screen(self, requests: Iterator[Any]) -> Iterator[Any]:
-        """`requests` less those proven Blocked (within their deferral bound), with nothing staged to undo.
+    def screen(self, requests: Iterator[Any], queue: Optional[Sequence[Any]] = None) -> Iterator[Any]:
+        """`requests` (an iteration of `queue`, the waiting queue, when given) less those proven Blocked (within their
+        deferral bound), with nothing staged to undo.
 
         Only SGLang's scan may skip anything: it is the iteration during which SGLang hands the requests it yields to
-        the adder (`note_examined`). Until that happens the iteration yields everything, so the other iterations of
+        the adder (`examine`). Until that happens the iteration yields everything, so the other iterations of
         the queue (policy sorting, SGLang rebuilding the queue after the scan) always see every request.
         SGLang checks its pass budget before each request it examines and ends the scan when it is spent; skipping
         admits nothing, so those checks answer alike for a run of skipped requests and the next one examined. The
@@ -242,9 +251,14 @@ class SchedulingState:
         start, scan = self._examined, False
         run: list[Any] = []  # skipped since the last request yielded
         for pos, req in enumerate(requests):
-            if not scan and self._examined != start:
-                scan = self._scanning = True
             self._scan_pos = pos
+            if scan:
+                if not (run or known or held_with or self._held or self._cut_screen is not None):
+                    yield req  # nothing to skip, hold or offer again here: the common case, kept short
+                    continue
+            elif self._examined != start:
+                scan = self._scanning = True
+                self._scan_queue = queue
             if self._held and (pos - self._first_hold_at > self._lookahead() or self._hold_run > HOLD_RUN_LIMIT):
                 self._screened.extend(run)
                 run = []
@@ -296,7 +310,8 @@ class SchedulingState:
         self.current.held += 1
         return True
 
-    def holds_cut(self, req: Any, extend: int, plan: Optional[ProducerPlan] = None, token_hit: int = 0) -> bool:
+    def holds_cut(self, req: Any, extend: int, plan: Optional[ProducerPlan] = None, token_hit: int = 0,
+                  provably_cut: Optional[Callable[[Any], bool]] = None) -> bool:
         """Whether the scan should pass over `req`, which the rest of the pass's token budget would cut into a chunk
         (chunk_last). SGLang's chunk takes whatever budget is left and ends the scan, so every whole request behind
         it waits a round; held, `req` is offered again once the scan has looked `_lookahead` positions further (or at
@@ -307,12 +322,17 @@ class SchedulingState:
 
         `plan`: req's producer plan, if it has one (`token_hit`: its ĥ). Its waiting siblings that share at least
         min_gain tokens of its prefix past what the tree holds are held with it, unmatched (`screen`): admitted
-        before it they would compute that prefix once more, and one as big would be cut too."""
+        before it they would compute that prefix once more, and one as big would be cut too.
+
+        `provably_cut` (the adder's proof, when it holds in this pass): a hold the look-past cannot use is not made
+        (`_look_past_is_futile`)."""
         if not self.config.chunk_last or not self._scanning or self._first_hold_at == -1:
             return False
         if self._token_budget is None or extend > self._token_budget:
             return False
         if getattr(req, CUT_HOLDS, 0) >= self.config.max_defer_rounds:
+            return False
+        if plan is None and provably_cut is not None and self._look_past_is_futile(provably_cut):
             return False
         self._hold_cut(req)
         if plan is not None:
@@ -321,6 +341,28 @@ class SchedulingState:
                 if served >= need and getattr(sib, CUT_HOLDS, 0) < self.config.max_defer_rounds:
                     self._held_with[id(sib)] = sib
         return True
+
+    def _look_past_is_futile(self, provably_cut: Callable[[Any], bool]) -> bool:
+        """Whether every request the look-past would reach before offering the cut request again is proven cut too
+        (or the queue ends first): the scan would hold them all, unmatched, and then cut the held request from the
+        same budget, as SGLang does now. Such a hold changes nothing but costs a second match of the held request and
+        a hold on each of the others (moving their bounds): it is not made. Decided only for the pass's first hold
+        with nothing else to skip or hold in the window (no known-Blocked request, no sibling held with it), where
+        the window is exactly what `screen` would walk: `_lookahead` positions or HOLD_RUN_LIMIT more holds."""
+        queue = self._scan_queue
+        if (
+            not self.cut_screening or queue is None or self._first_hold_at is not None or self._known_blocked
+            or self._held_with
+        ):
+            return False
+        pos, lookahead, run = self._scan_pos, self._lookahead(), self._hold_run + 1  # + the cut request's hold
+        for ahead in range(pos + 1, len(queue)):
+            if ahead - pos > lookahead or run > HOLD_RUN_LIMIT:
+                return True  # `screen` would offer the held request here
+            if not provably_cut(queue[ahead]):
+                return False  # SGLang would examine this one: it may fit what is left
+            run += 1
+        return True  # the queue ends: offered at its end
 
     def _would_hold_for_producers(self, req: Any) -> bool:
         return (
@@ -365,9 +407,8 @@ class SchedulingState:
             self._first_hold_at = self._scan_pos
         self._held.append(req)
 
-    def note_examined(self) -> None:
-        """SGLang examines a request (add_one_req): the requests screened out just before it count as Blocked."""
-        self._examined += 1
+    def _count_screened(self) -> None:
+        """SGLang examines a request: the requests screened out just before it count as Blocked (or cut-held)."""
         if self._cut_screened:
             for req in self._cut_screened:
                 setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
@@ -381,27 +422,36 @@ class SchedulingState:
             self.current.screened += len(self._screened)
             self._screened.clear()
 
-    def could_block(self, req: Any) -> bool:
-        """Whether `blocking_promise` could find anything for `req`, in O(1): the traversal is on and an open promise
-        could serve its sibling key (or a short promise is open), or a request in flight shares that key."""
-        if not self.active:
-            return False
-        key = sibling_key(req)
-        return self.promises.may_serve(key) or (key is not None and key in self._unlanded)
-
-    def plans_nothing(self, req: Any) -> bool:
-        """Whether the adder's planning would pass a Ready `req` over, known in O(1): it is not cache-only, and either
-        the traversal is off or no sibling waits beside it (`plan` finds none) and producer rows would not hold it.
-        The adder then leaves it to SGLang's admission alone, as the full checks would."""
+    def examine(self, req: Any) -> int:
+        """SGLang hands `req` to the adder (add_one_req): count it, and the requests screened just before it. Which of the adder's checks could
+        change what happens to it, in O(1):
+        - MAY_BLOCK: the traversal is on and an open promise could serve its sibling key (or a short promise is open),
+          or a request in flight shares that key (`blocking_promise` may find something);
+        - MAY_PLAN: it is cache-only, or the traversal is on and a sibling waits beside it (`plan` may find a
+          boundary) or producer rows could hold it;
+        - MAY_FRAGMENT: the fragmentation extension is on.
+        PLAIN (none): SGLang's admission alone decides, as the full checks would. Runs for every request the scan
+        examines, so it is kept to a few lookups."""
+        self._examined += 1
+        if self._cut_screened or self._screened:
+            self._count_screened()
+        checks = self._fragment_checks
         if is_cache_only(req):
-            return False
-        if not self.active:  # nothing is planned, nothing is held
-            return True
+            checks |= MAY_PLAN
+        if self.traversal == "native":  # nothing blocks, nothing is planned or held
+            return checks
+        key = sibling_key(req)  # cached on the request after its first call
+        if self.promises.may_serve(key) or (key is not None and key in self._unlanded):
+            checks |= MAY_BLOCK
+        if checks & MAY_PLAN:
+            return checks
         if not self._index_fresh:
             self.index_waiting(self._waiting)
-        if self._index.has_siblings(req, sibling_key(req)):
-            return False
-        return self._non_producers < self._producer_hold_from or not self._would_hold_for_producers(req)
+        if self._index.has_siblings(req, key) or (
+            self._non_producers >= self._producer_hold_from and self._would_hold_for_producers(req)
+        ):
+            checks |= MAY_PLAN
+        return checks
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
@@ -431,7 +481,7 @@ class SchedulingState:
         return self.promises.candidates(key), self._unlanded.get(key) if key is not None and self._unlanded else None
 
     # ---- adoption: in-flight requests as producers (full attention, extra_buffer hybrids) ----
-    def _note_in_flight(self, req: Any) -> None:
+    def _note_in_flight(self, req: Any, round_id: int) -> None:
         """An admitted request's KV up to the end of this round's extend (on extra_buffer hybrids also the one state
         SGLang snapshots inside it) enters the tree when its results are processed (`on_landed`); until then a
         waiting sibling may adopt it."""
@@ -443,7 +493,7 @@ class SchedulingState:
             group = self._unlanded.get(key)
             if group is None:
                 group = self._unlanded[key] = {}
-            group[id(req)] = (req, int(req.extend_end), self.current.round_id)
+            group[id(req)] = (req, req.extend_end, round_id)  # Req.extend_end: int once admitted
 
     def on_landed(self, req: Any) -> None:
         """The request's KV entered the tree (checkpoint) or it left (release): nothing left to adopt."""
@@ -564,18 +614,21 @@ class SchedulingState:
         current = self.current
         self._hold_run = 0  # admitted (a whole request; past S - R rows a producer): the run of held ones is broken
         current.admitted_reqs.append(req)
-        state_hit = int(req.prefix_len)
+        state_hit = req.prefix_len  # Req.prefix_len: int
         current.token_hit_sum += token_hit
         current.state_hit_sum += state_hit
         entered = req.time_stats.wait_queue_entry_time or 0.0
         if entered > 0.0:  # selected by the pass that began at _pass_began (one clock read per pass)
             wait = self._pass_began - entered
             current.first_selection_wait_s.append(wait if wait > 0.0 else 0.0)
-        note_admitted_meta(req, token_hit, state_hit)
+        if req.customized_info is None:  # note_admitted_meta's common case: nothing else uses SGLang's channel
+            req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
+        else:
+            note_admitted_meta(req, token_hit, state_hit)
         # Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state only where it ends, past
         # what its siblings share.
         if self._tracks_in_flight:
-            self._note_in_flight(req)
+            self._note_in_flight(req, current.round_id)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return

@@ -5,16 +5,15 @@ finishes its prefill in the same round as without it; nothing is dropped or leak
 from __future__ import annotations
 
 from typing import Any
-from unittest import mock
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.bench.replay import make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
 from sglang_radixflow.schedule.prefix_request import prefix_rid
 from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT
+from tests.unit.schedule.harness import recording_matches
 
 import pytest
-from sglang.srt.managers.schedule_batch import Req
 
 
 def prompt(start: int, length: int) -> list[int]:
@@ -96,18 +95,55 @@ def test_holds_are_bounded_per_request() -> None:
     assert first == ["u0", "L"]
 
 
-def test_a_run_of_cut_requests_ends_the_look_past() -> None:
-    """A token-bound pass over a long queue of requests each bigger than the budget left: the scan stops looking past
-    the first cut one after HOLD_RUN_LIMIT more cut in a row (each would cost SGLang a match) instead of S positions,
-    and the first one still gets the chunk."""
+def cut_pass(queue: list[Any], screening: bool) -> tuple[dict[str, Any], list[str]]:
+    """One token-bound pass (T = 400, S = 64): its record, and the rids SGLang matched in it (in order)."""
     h = PassHarness(FULL, token_budget=400, rows=64, kv_size=65536, producer_rows=0, chunk_last=True)
-    h.submit(make_request("u0", prompt(1, 350)),
-             *[make_request(f"c{i}", prompt(10_000 + 1000 * i, 100)) for i in range(40)])
-    h.run_pass()
+    h.cache.rf_sched.cut_screening = screening
+    h.submit(*queue)
+    with recording_matches() as matched:
+        h.run_pass()
     _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
-    record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
+    return h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after), matched
+
+
+def test_a_run_of_cut_requests_ends_the_look_past() -> None:
+    """A token-bound pass over a long queue of requests each bigger than the budget left: matching every request (no
+    screening), the scan stops looking past the first cut one after HOLD_RUN_LIMIT more cut in a row (each would cost
+    SGLang a match) instead of S positions, and the first one still gets the chunk. With screening, the adder proves
+    that whole window cut before holding anything: no hold is made and nothing is matched twice, same schedule."""
+    def queue() -> list[Any]:
+        return [make_request("u0", prompt(1, 350)),
+                *[make_request(f"c{i}", prompt(10_000 + 1000 * i, 100)) for i in range(40)]]
+
+    record, matched = cut_pass(queue(), screening=False)
     assert record["admitted"] == ["u0", "c0"]
     assert record["cut_holds"] == HOLD_RUN_LIMIT + 1  # c0 and the HOLD_RUN_LIMIT behind it, not the 39 behind it
+    assert matched.count("c0") == 2 and f"c{HOLD_RUN_LIMIT}" in matched
+    record, matched = cut_pass(queue(), screening=True)
+    assert record["admitted"] == ["u0", "c0"]
+    assert record["cut_holds"] == 0
+    assert matched == ["u0", "c0"]
+
+
+@pytest.mark.parametrize("cut_ahead", [HOLD_RUN_LIMIT - 1, HOLD_RUN_LIMIT, HOLD_RUN_LIMIT + 3])
+def test_a_look_past_is_made_exactly_when_it_can_admit_something(cut_ahead: int) -> None:
+    """L is cut; `cut_ahead` requests too long for what is left follow it, then a short one that fits. The short one
+    lies inside the look-past's window (HOLD_RUN_LIMIT more held in a row) when cut_ahead < HOLD_RUN_LIMIT: L is held
+    and the short one admitted whole. Beyond the window the look-past could find nothing: with screening no hold is
+    made at all. Either way the schedule is the one of matching every request."""
+    def queue() -> list[Any]:
+        return [make_request("u0", prompt(1, 200)), make_request("L", prompt(1001, 300)),
+                *[make_request(f"c{i}", prompt(10_000 + 1000 * i, 300)) for i in range(cut_ahead)],
+                make_request("s0", prompt(5001, 40))]
+
+    matched_record, _ = cut_pass(queue(), screening=False)
+    record, matched = cut_pass(queue(), screening=True)
+    assert record["admitted"] == matched_record["admitted"]
+    reachable = cut_ahead < HOLD_RUN_LIMIT
+    assert record["admitted"] == (["u0", "s0", "L"] if reachable else ["u0", "L"])
+    assert (record["cut_holds"] > 0) is reachable
+    assert matched.count("L") == (2 if reachable else 1)
+    assert not any(rid.startswith("c") for rid in matched)  # proven cut: never matched
 
 
 def test_a_whole_request_breaks_the_run_of_cut_ones() -> None:
@@ -136,17 +172,10 @@ def test_siblings_of_a_cut_producer_are_held_with_it_unmatched(components: Any) 
         group = [make_request(f"g{c}", doc + prompt(60_000 + 10 * c, 8)) for c in range(4)]
         return [make_request("u0", prompt(1, 250))] + group + [make_request("s0", prompt(5001, 40))]
 
-    matched: list[str] = []
-    match = Req.init_next_round_input
-
-    def counting(self: Req, *args: Any, **kwargs: Any) -> Any:
-        matched.append(str(self.rid))
-        return match(self, *args, **kwargs)
-
     h = PassHarness(components, token_budget=400, rows=8, kv_size=16384, mamba_cache_size=64, producer_rows=0,
                     chunk_last=True)
     h.submit(*reqs())
-    with mock.patch.object(Req, "init_next_round_input", counting):
+    with recording_matches() as matched:
         h.run_pass()
     _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
     record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)

@@ -9,10 +9,10 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from sglang.srt.managers.schedule_batch import Req
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.schedule.state import CUT_HOLDS
+from tests.unit.schedule.harness import recording_matches
 
 SYSTEM = list(range(90_001, 90_301))  # two prompts (300, 200 tokens) the tree holds before the queue arrives
 SYSTEM2 = list(range(95_001, 95_201))
@@ -50,14 +50,7 @@ def run(components: Any, screening: bool, kv_size: int = 16384
     h.run_rounds()
     reqs = queue()
     h.submit(*reqs)
-    matched: list[str] = []
-    orig = Req.init_next_round_input
-
-    def matching(self: Req, *a: Any, **k: Any) -> Any:
-        matched.append(self.rid)
-        return orig(self, *a, **k)
-
-    with mock.patch.object(Req, "init_next_round_input", matching):
+    with recording_matches() as matched:
         first = h.run_pass()
     holds = {r.rid: getattr(r, CUT_HOLDS, 0) for r in reqs}
     h.execute()

@@ -1,8 +1,11 @@
-"""The adder's plain lane: a request nothing can block (SchedulingState.could_block, O(1) on its sibling key) skips
-`blocking_promise`, and one that would plan nothing (`plans_nothing`: no waiting sibling, not cache-only, no producer
-rows hold) goes straight to SGLang's admission. On SGLang's real pass the lane must decide exactly what the full checks
-decide, round by round, while most requests of an ordinary queue take it."""
+"""The adder's plain lane: `SchedulingState.examine` says in O(1) which checks could matter for a request. One nothing
+can block (no open promise or in-flight request on its sibling key) skips `blocking_promise`; one that would plan
+nothing (no waiting sibling, not cache-only, no producer rows hold) skips planning; a request with neither goes
+straight to SGLang's admission. On SGLang's real pass the lane must decide exactly what the full checks decide, round
+by round, while most requests of an ordinary queue take it."""
 from __future__ import annotations
+
+import dataclasses
 
 from typing import Any
 from unittest import mock
@@ -11,7 +14,9 @@ import pytest
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.schedule.producers import namespace_of
-from sglang_radixflow.schedule.state import CUT_HOLDS, DEFER_COUNT, SchedulingState
+from sglang_radixflow.schedule.state import (
+    CUT_HOLDS, DEFER_COUNT, MAY_BLOCK, MAY_FRAGMENT, MAY_PLAN, PLAIN, SchedulingState,
+)
 
 
 def prompt(start: int, length: int) -> list[int]:
@@ -38,26 +43,24 @@ def run(components: Any, plain_lane: bool, traversal: str = "radixflow") -> tupl
     """Fragments of every round, and each request's defer / cut-hold counters; how many plain answers there were."""
     h = PassHarness(components, arm=traversal, token_budget=512, rows=6, kv_size=16384, mamba_cache_size=64)
     waves = workload()
-    answers: list[bool] = []
-    real_block, real_plain = SchedulingState.could_block, SchedulingState.plans_nothing
+    answers: list[int] = []
+    real_examine = SchedulingState.examine
 
-    def block(self: SchedulingState, req: Any) -> bool:
-        return real_block(self, req) if plain_lane else True  # the full check: blocking_promise for every request
+    def examine(self: SchedulingState, req: Any) -> int:
+        checks = real_examine(self, req)
+        answers.append(checks)
+        # the full checks: blocking_promise and planning for every request
+        return checks if plain_lane else checks | MAY_BLOCK | MAY_PLAN
 
-    def plain(self: SchedulingState, req: Any) -> bool:
-        answer = real_plain(self, req) if plain_lane else False  # the full check: planning for every request
-        answers.append(answer)
-        return answer
-
-    with mock.patch.object(SchedulingState, "could_block", block), \
-            mock.patch.object(SchedulingState, "plans_nothing", plain):
+    with mock.patch.object(SchedulingState, "examine", examine):
         h.submit(*waves[0])
         rounds = [h.execute()] if h.run_pass() else []  # one round: the second wave meets open promises
         h.submit(*waves[1])
         rounds += h.run_rounds()
     h.assert_idle_invariants()
     counters = {r.rid: (getattr(r, DEFER_COUNT, 0), getattr(r, CUT_HOLDS, 0)) for wave in waves for r in wave}
-    return [r.fragments for r in rounds], {"counters": counters, "plain": sum(answers), "asked": len(answers)}
+    lone = sum(1 for checks in answers if checks == PLAIN)
+    return [r.fragments for r in rounds], {"counters": counters, "plain": lone, "asked": len(answers)}
 
 
 @pytest.mark.parametrize("arm", ["radixflow", "prefix-stop"])
@@ -83,12 +86,18 @@ def test_a_request_with_anything_to_check_is_not_plain() -> None:
     sched = h.cache.rf_sched
     sched.begin_pass(1, h.sched.waiting_queue, 8, 4096)
     try:
-        assert sched.plans_nothing(lone) and not sched.could_block(lone)
-        assert not sched.plans_nothing(sib1)  # s2 waits beside it
-        assert not sched.plans_nothing(warm)
+        assert sched.examine(lone) == PLAIN
+        assert sched.examine(sib1) == MAY_PLAN  # s2 waits beside it
+        assert sched.examine(warm) == MAY_PLAN  # cache-only
         sched.promises.register(namespace_of(lone), prompt(1, 40), 40, "p", 1)
-        assert sched.could_block(lone)  # a promise on its first tokens
-        assert not sched.could_block(sib1)
+        assert sched.examine(lone) == MAY_BLOCK  # a promise on its first tokens
+        assert not sched.examine(sib1) & MAY_BLOCK
+    finally:
+        sched.end_pass()
+    sched.config = dataclasses.replace(sched.config, fragmentation=True)
+    sched.begin_pass(2, h.sched.waiting_queue, 8, 4096)
+    try:
+        assert sched.examine(lone) == MAY_BLOCK | MAY_FRAGMENT  # the extension checks every request
     finally:
         sched.end_pass()
 
@@ -100,7 +109,7 @@ def test_a_request_with_anything_to_check_is_not_plain() -> None:
     sched2 = h2.cache.rf_sched
     sched2.begin_pass(2, h2.sched.waiting_queue, 8, 4096)
     try:
-        assert sched2.could_block(later)  # it may adopt `first`, in flight
+        assert sched2.examine(later) == MAY_BLOCK  # it may adopt `first`, in flight
     finally:
         sched2.end_pass()
     h2.execute()

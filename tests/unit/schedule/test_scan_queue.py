@@ -129,12 +129,12 @@ def test_scan_queue_hides_marked_requests_from_the_scan_only() -> None:
     assert list(queue) == reqs  # nothing examined during this iteration: not the scan, nothing skipped
     scan = iter(queue)
     assert next(scan) is reqs[0]  # the scan is recognised by its first examination, so its first request is seen
-    state.note_examined()  # SGLang hands it to the adder
+    state.examine(reqs[0])  # SGLang hands it to the adder
     assert next(scan) is reqs[1]
-    state.note_examined()
+    state.examine(reqs[1])
     assert next(scan) is reqs[3]  # reqs[2] passed over ...
     assert state.current is not None and state.current.blocked_skips == 0
-    state.note_examined()  # ... and counted as Blocked once SGLang examines reqs[3]
+    state.examine(reqs[3])  # ... and counted as Blocked once SGLang examines reqs[3]
     assert state.current.blocked_skips == 1
     state._known_blocked[id(reqs[4])] = reqs[4]
     assert list(scan) == [reqs[4]]  # the queue ends on a screened request: SGLang's checks decide there
