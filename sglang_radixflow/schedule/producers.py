@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Optional, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence
 
 from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with, shares_more_than
 
@@ -97,6 +97,8 @@ class SiblingIndex:
         self._members: dict[int, Any] = {}
         self._key_of: dict[int, Optional[tuple]] = {}
         self._groups: dict[tuple, dict[int, Any]] = {}
+        self._shared = 0  # groups with two members or more
+        self._cache_only: set[int] = set()  # members that plan alone (is_cache_only)
         self._order: Optional[list[Any]] = None
         self.refresh(list(waiting))
 
@@ -111,7 +113,7 @@ class SiblingIndex:
             self._diff(waiting)
         self._order = list(waiting) if len(self._members) == len(waiting) else None
 
-    def left(self, gone: Iterable[Any], remaining: Sequence[Any]) -> None:
+    def left(self, gone: Sequence[Any], remaining: Sequence[Any]) -> None:
         """`gone` left the queue (admitted by a pass) and `remaining` is SGLang's queue now. The snapshot moves to
         `remaining` only when the counts prove it is the indexed queue less `gone`; otherwise the next refresh
         diffs."""
@@ -125,6 +127,10 @@ class SiblingIndex:
                     del group[rid]
                     if not group:
                         del groups[key]
+                    elif len(group) == 1:
+                        self._shared -= 1
+        if self._cache_only:
+            self._cache_only.difference_update(map(id, gone))
         synced = self._order is not None and len(self._members) == len(remaining)
         self._order = list(remaining) if synced else None
 
@@ -146,16 +152,32 @@ class SiblingIndex:
         self._members[rid] = req
         key = self._key_of[rid] = sibling_key(req)
         if key is not None:
-            self._groups.setdefault(key, {})[rid] = req
+            group = self._groups.setdefault(key, {})
+            group[rid] = req
+            if len(group) == 2:
+                self._shared += 1
+        if is_cache_only(req):
+            self._cache_only.add(rid)
 
     def _remove(self, rid: int) -> None:
         del self._members[rid]
+        self._cache_only.discard(rid)
         key = self._key_of.pop(rid)
         if key is not None:
             group = self._groups[key]
             del group[rid]
             if not group:
                 del self._groups[key]
+            elif len(group) == 1:
+                self._shared -= 1
+
+    def plans_nothing(self, unlanded: Mapping[tuple, Any]) -> bool:
+        """Whether no member could plan or be Blocked through the index: no two share a sibling key, none shares one
+        with a request in `unlanded` (sibling key -> requests in flight), none is cache-only. O(1), but for the
+        in-flight keys (a C-level walk of the shorter key set)."""
+        return not self._shared and not self._cache_only and (
+            not unlanded or unlanded.keys().isdisjoint(self._groups.keys())
+        )
 
     def has_siblings(self, req: Any, key: Optional[tuple]) -> bool:
         """Whether another indexed request shares `req`'s sibling key `key` (`siblings` is not empty), in O(1)."""

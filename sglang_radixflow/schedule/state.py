@@ -109,10 +109,16 @@ class SchedulingState:
         self._pass_began = 0.0  # perf_counter at begin_pass: the first-selection time of the requests it admits
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
         self._index_fresh = False
+        # Nothing shared in this pass (decided when the pass indexes the queue, `index_waiting`): every request the
+        # scan examines is PLAIN until a promise is registered or producer rows could hold one (`examine`).
+        self._nothing_shared = False
         self._waiting: list[Any] = []
         # Waiting requests this pass has proven Blocked (_mark_consumers, _mark_in_flight): the scan skips them
         # without SGLang matching them (scan_queue.ScanQueue). Cleared at every pass boundary.
         self._known_blocked: dict[int, Any] = {}
+        # Whether the scan may have anything to skip, hold or offer again (a known-Blocked request, held ones, a cut
+        # screen): set where those are added, cleared when the held ones are offered and nothing is known-Blocked.
+        self._screen_busy = False
         self._screened: list[Any] = []  # skipped by the screen since the last request SGLang examined
         self._examined = 0  # requests SGLang handed to the adder (identifies the scan's own iteration)
         self._examined_at_begin = 0  # _examined when this pass began: an iteration starting later is not the scan
@@ -189,15 +195,26 @@ class SchedulingState:
         self._producer_hold_from = row_budget - min(rows, row_budget - 1) if rows and row_budget is not None else NEVER
         self._tracks_in_flight = self.mode is not PublishMode.CHUNK_END and self.traversal != "native"
         self._index_fresh = False
+        self._nothing_shared = False
         self._known_blocked = {}
+        self._screen_busy = False
         self._screened = []
         self._forget_landed(round_id)
         self._mark_in_flight()
 
     def index_waiting(self, waiting: list[Any]) -> None:
-        """Bring the sibling index up to `waiting` now (normally done lazily by the first plan of a pass)."""
+        """Bring the sibling index up to `waiting` now (normally done lazily by the first plan of a pass), and decide
+        whether nothing is shared in this pass: the traversal is on without the fragmentation extension, no promise
+        is open, and no waiting request shares its sibling key with another waiting or in-flight request or is
+        cache-only. Then no request can be Blocked (`blocking_promise` needs a promise or an in-flight request on its
+        key; the pass's own admissions have keys no other waiting request has) or plan (`plan` needs a waiting
+        sibling, `plan_cache_only` a cache-only request), until a promise is registered (`_register`, `_adopt`)."""
         self._index.refresh(waiting)
         self._index_fresh = True
+        self._nothing_shared = (
+            self.traversal != "native" and not self._fragment_checks and not self.promises
+            and self._index.plans_nothing(self._unlanded)
+        )
 
     def note_queue_after_pass(self, admitted: list[Any], remaining: list[Any]) -> None:
         """SGLang rebuilt its queue after a pass: `remaining`, the queue less `admitted`. Keeps the sibling index's
@@ -208,7 +225,9 @@ class SchedulingState:
     def end_pass(self) -> Optional[PassStats]:
         stats, self.current = self.current, None
         self._waiting = []
+        self._nothing_shared = False
         self._known_blocked = {}
+        self._screen_busy = False
         self._screened = []  # the scan ended before examining another request: they were never reached
         self._held = []  # still queued: SGLang removes only what it admitted
         self._held_with = {}
@@ -253,7 +272,7 @@ class SchedulingState:
         for pos, req in enumerate(requests):
             self._scan_pos = pos
             if scan:
-                if not (run or known or held_with or self._held or self._cut_screen is not None):
+                if not (run or self._screen_busy):
                     yield req  # nothing to skip, hold or offer again here: the common case, kept short
                     continue
             elif self._examined != start:
@@ -295,6 +314,7 @@ class SchedulingState:
         self._first_hold_at = -1  # no more holds this pass
         self._cut_screen = None
         self._held_with.clear()  # siblings not reached yet are matched like any request from here on
+        self._screen_busy = bool(self._known_blocked)
         yield from held
 
     def holds_for_producers(self, req: Any) -> bool:
@@ -376,6 +396,7 @@ class SchedulingState:
         queue of long prompts finds nothing but those)."""
         if self.cut_screening and self._cut_screen is None and self._first_hold_at not in (None, -1):
             self._cut_screen = provably_cut
+            self._screen_busy = True
 
     def is_plain_for_cut(self, req: Any, length: int) -> bool:
         """Whether radixflow's own verdicts would pass `req` (`length` tokens, nothing matched yet) to SGLang's
@@ -386,14 +407,14 @@ class SchedulingState:
             return False
         if getattr(req, CUT_HOLDS, 0) >= self.config.max_defer_rounds or is_cache_only(req):
             return False
-        candidates, in_flight = self._open_on(sibling_key(req))
-        if candidates or in_flight:
-            return False
         if self._would_hold_for_producers(req):
             return False
         if not self._index_fresh:
             self.index_waiting(self._waiting)
-        return not self._index.siblings(req)
+        if self._nothing_shared:
+            return True  # no promise, and no request in flight or waiting shares its key
+        candidates, in_flight = self._open_on(sibling_key(req))
+        return not candidates and not in_flight and not self._index.siblings(req)
 
     def _hold_cut(self, req: Any) -> None:
         setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
@@ -406,6 +427,7 @@ class SchedulingState:
         if self._first_hold_at is None:
             self._first_hold_at = self._scan_pos
         self._held.append(req)
+        self._screen_busy = True
 
     def _count_screened(self) -> None:
         """SGLang examines a request: the requests screened out just before it count as Blocked (or cut-held)."""
@@ -431,10 +453,13 @@ class SchedulingState:
           boundary) or producer rows could hold it;
         - MAY_FRAGMENT: the fragmentation extension is on.
         PLAIN (none): SGLang's admission alone decides, as the full checks would. Runs for every request the scan
-        examines, so it is kept to a few lookups."""
+        examines, so it is kept to a few lookups, and in a pass with nothing shared (`index_waiting`) to one test
+        (until producer rows could hold a request)."""
         self._examined += 1
         if self._cut_screened or self._screened:
             self._count_screened()
+        if self._nothing_shared and self._non_producers < self._producer_hold_from:
+            return PLAIN  # the pass's common case (index_waiting): a queue with nothing shared costs this only
         checks = self._fragment_checks
         if is_cache_only(req):
             checks |= MAY_PLAN
@@ -481,20 +506,6 @@ class SchedulingState:
         return self.promises.candidates(key), self._unlanded.get(key) if key is not None and self._unlanded else None
 
     # ---- adoption: in-flight requests as producers (full attention, extra_buffer hybrids) ----
-    def _note_in_flight(self, req: Any, round_id: int) -> None:
-        """An admitted request's KV up to the end of this round's extend (on extra_buffer hybrids also the one state
-        SGLang snapshots inside it) enters the tree when its results are processed (`on_landed`); until then a
-        waiting sibling may adopt it."""
-        if req.session is not None or req.skip_radix_cache_insert or req.multimodal_inputs is not None \
-                or req.input_embeds is not None:
-            return  # its KV lands elsewhere or not at all, or under keys other than its token ids
-        key = sibling_key(req)
-        if key is not None:
-            group = self._unlanded.get(key)
-            if group is None:
-                group = self._unlanded[key] = {}
-            group[id(req)] = (req, req.extend_end, round_id)  # Req.extend_end: int once admitted
-
     def on_landed(self, req: Any) -> None:
         """The request's KV entered the tree (checkpoint) or it left (release): nothing left to adopt."""
         if self._unlanded:
@@ -537,6 +548,7 @@ class SchedulingState:
             return None
         producer, _, boundary = best
         self.on_landed(producer)  # from now on its promise stands for it
+        self._nothing_shared = False
         assert self.current is not None
         promise = self.promises.register(
             namespace_of(producer), request_tokens(producer)[:boundary], boundary, str(producer.rid),
@@ -625,10 +637,19 @@ class SchedulingState:
             req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
         else:
             note_admitted_meta(req, token_hit, state_hit)
-        # Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state only where it ends, past
-        # what its siblings share.
-        if self._tracks_in_flight:
-            self._note_in_flight(req, current.round_id)
+        # In flight, a waiting sibling may adopt it (`_adopt`): its KV up to the end of this round's extend (on
+        # extra_buffer hybrids also the one state SGLang snapshots inside it) enters the tree when its results are
+        # processed (`on_landed`). Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state
+        # only where it ends, past what its siblings share. Not for a request whose KV lands elsewhere or not at all,
+        # or under keys other than its token ids.
+        if self._tracks_in_flight and req.session is None and not req.skip_radix_cache_insert \
+                and req.multimodal_inputs is None and req.input_embeds is None:
+            key = sibling_key(req)
+            if key is not None:
+                group = self._unlanded.get(key)
+                if group is None:
+                    group = self._unlanded[key] = {}
+                group[id(req)] = (req, req.extend_end, current.round_id)  # Req.extend_end: int once admitted
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return
@@ -679,6 +700,7 @@ class SchedulingState:
         """The promises of a producer's plan, b first (partial on full attention: each sibling is served its shared
         part)."""
         assert self.current is not None
+        self._nothing_shared = False  # its siblings may be Blocked on these from now on
         return [
             self.promises.register(
                 namespace_of(req), tokens[:boundary], boundary, str(req.rid), self.current.round_id,
@@ -729,6 +751,7 @@ class SchedulingState:
         for consumer, served in promise.consumers:
             if served >= need:
                 known[id(consumer)] = consumer
+                self._screen_busy = True
 
     def carry_empty_pass(self, stats: PassStats) -> None:
         """A pass that admitted nothing launches no round, so it has no record of its own: when it deferred requests

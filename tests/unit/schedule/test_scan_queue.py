@@ -11,6 +11,7 @@ import pytest
 from sglang.srt.managers.schedule_batch import Req
 
 from sglang_radixflow.schedule import scan_queue
+from sglang_radixflow.schedule.producers import namespace_of, request_tokens
 from sglang_radixflow.schedule.state import SchedulingState
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import PassHarness, make_request
@@ -115,6 +116,13 @@ def test_screening_changes_the_work_not_the_schedule(components: Any, seed: int,
     assert matched < plain_matched
 
 
+def mark(state: Any, req: Any) -> None:
+    """A promise on req's first 30 tokens provably Blocks it: what _mark_consumers / _mark_in_flight record."""
+    promise = state.promises.register(namespace_of(req), request_tokens(req)[:30], 30, f"producer-of-{req.rid}", 1)
+    promise.consumers = ((req, 30),)
+    state._mark(promise, 0)
+
+
 def test_scan_queue_hides_marked_requests_from_the_scan_only() -> None:
     """Outside a pass, and in any iteration during which SGLang examines nothing (policy sorting, the rebuild of the
     queue after the scan), every request is seen; the scan's own iteration skips marked ones as it reaches them."""
@@ -124,8 +132,8 @@ def test_scan_queue_hides_marked_requests_from_the_scan_only() -> None:
     queue = scan_queue.ScanQueue(reqs, state)
     assert list(queue) == reqs  # no pass: plain
     state.begin_pass(1, reqs)
-    state._known_blocked[id(reqs[0])] = reqs[0]  # what _mark_consumers / _mark_in_flight record
-    state._known_blocked[id(reqs[2])] = reqs[2]
+    mark(state, reqs[0])
+    mark(state, reqs[2])
     assert list(queue) == reqs  # nothing examined during this iteration: not the scan, nothing skipped
     scan = iter(queue)
     assert next(scan) is reqs[0]  # the scan is recognised by its first examination, so its first request is seen
@@ -136,7 +144,7 @@ def test_scan_queue_hides_marked_requests_from_the_scan_only() -> None:
     assert state.current is not None and state.current.blocked_skips == 0
     state.examine(reqs[3])  # ... and counted as Blocked once SGLang examines reqs[3]
     assert state.current.blocked_skips == 1
-    state._known_blocked[id(reqs[4])] = reqs[4]
+    mark(state, reqs[4])
     assert list(scan) == [reqs[4]]  # the queue ends on a screened request: SGLang's checks decide there
     # An iteration starting once SGLang examined a request in this pass (the rebuild after the scan) cannot be the
     # scan: it iterates the plain list, not a screen that would walk the whole queue in Python.
