@@ -445,8 +445,8 @@ class SchedulingState:
             self._screened.clear()
 
     def examine(self, req: Any) -> int:
-        """SGLang hands `req` to the adder (add_one_req): count it, and the requests screened just before it. Which of the adder's checks could
-        change what happens to it, in O(1):
+        """SGLang hands `req` to the adder (add_one_req): count it, and the requests screened just before it. Which
+        of the adder's checks could change what happens to it, in O(1):
         - MAY_BLOCK: the traversal is on and an open promise could serve its sibling key (or a short promise is open),
           or a request in flight shares that key (`blocking_promise` may find something);
         - MAY_PLAN: it is cache-only, or the traversal is on and a sibling waits beside it (`plan` may find a

@@ -72,8 +72,9 @@ def script() -> list[list[Any]]:
     overlap scheduler). Unrelated requests throughout, each first in its wave (the pass decides at its first request
 whether nothing is shared, which then answers for the rest); then
     - pass 2: G, a sibling of F, arrives while F (admitted by pass 1) is in flight (full attention: G may adopt it);
-    - pass 3-4: L, a long prompt, is chunked; W, arriving beside its continuation, shares L's first 700 tokens, past its first chunk (the
-      continuation becomes W's producer, registered in the middle of a pass whose queue shares nothing);
+    - pass 3-4: L, a long prompt, is chunked; W, arriving beside its continuation, shares L's first 700 tokens, past
+      its first chunk (the continuation becomes W's producer, registered in the middle of a pass whose queue shares
+      nothing);
     - pass 5: a cache-only request with nothing else shared (it publishes its states on the hybrid)."""
     doc_f, doc_l, doc_e = prompt(10_001, 200), prompt(20_001, 900), prompt(30_001, 260)
     return [
@@ -102,7 +103,7 @@ def run(components: Any, full_checks: bool) -> tuple[list[Any], dict[str, Any], 
     requests = [r for wave in waves for r in wave]
     with mock.patch.object(SchedulingState, "examine", examine):
         in_flight: Optional[Any] = None
-        for step in range(60):
+        for _ in range(60):
             if waves:
                 h.submit(*waves.pop(0))
             elif not (h.waiting or h.sched.chunked_req is not None or in_flight is not None):
