@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from sglang_radixflow.cache.promises import Promise, PromiseTable, as_tokens, common_prefix_with
+from sglang_radixflow.cache.promises import Promise, PromiseTable, as_tokens, common_prefix_with, shares_more_than
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.observe.meta import META_STATE_HIT, META_TOKEN_HIT, note_admitted_meta
 from sglang_radixflow.observe.rounds import RoundRecorder
@@ -540,7 +540,10 @@ class SchedulingState:
                 end = self._tracked_in_extend(other)
             if end < need:
                 continue
-            shared = min(common_prefix_with(head, request_tokens(other)), end, limit)
+            other_tokens = request_tokens(other)
+            if not shares_more_than(head, other_tokens, need - 1):
+                continue  # one comparison: a sibling that shares only what req already has (a consumer's case)
+            shared = min(common_prefix_with(head, other_tokens), end, limit)
             shared -= shared % self.page_size
             if shared >= need and (partial or shared == end) and (best is None or shared > best[1]):
                 best = (other, shared, end - end % self.page_size)

@@ -96,6 +96,35 @@ def test_the_synchronous_loop_needs_no_adoption() -> None:
     drain(h, h.launch())
 
 
+def test_adoption_takes_one_token_past_the_hit_and_not_less() -> None:
+    """The threshold: an in-flight request is adopted when it lands at least min_gain (1) tokens of the waiting
+    request's path past what the tree already holds for it; one that shares only what the tree holds is not (the
+    waiting request runs now, from its hit)."""
+    h = PassHarness(FULL, kv_size=8192, mamba_cache_size=64)
+    h.submit(make_request("base", DOC + [1]))
+    assert rids(h.run_pass()) == ["base"]
+    h.execute()  # DOC is in the tree
+    producer = make_request("f", DOC + list(range(50, 70)))
+    h.submit(producer)
+    assert rids(h.run_pass()) == ["f"] and int(producer.prefix_len) == len(DOC)
+    in_flight = h.launch()
+    h.submit(make_request("one-more", DOC + [50] + list(range(3000, 3020))),
+             make_request("none-more", DOC + list(range(4000, 4020))))
+    batch = h.run_pass()
+    assert rids(batch) == ["none-more"] and int(batch[0].prefix_len) == len(DOC)
+    assert rids(h.waiting) == ["one-more"]
+    (promise,) = h.cache.rf_sched.promises.open_promises()
+    assert (promise.producer_rid, promise.boundary) == ("f", len(DOC) + 20)
+    launched = h.launch()
+    h.finish(in_flight)
+    assert promise.state is PromiseState.PUBLISHED
+    (waited,) = h.run_pass()
+    assert rids([waited]) == ["one-more"] and int(waited.prefix_len) == len(DOC) + 1
+    this_round = h.launch()
+    h.finish(launched)
+    drain(h, this_round)
+
+
 @pytest.mark.parametrize("salt", ["tenant-b", None], ids=["other-salt", "hybrid"])
 def test_no_adoption_across_namespaces_nor_on_a_no_buffer_hybrid(salt) -> None:  # noqa: ANN001
     """Another cache_salt cannot use c0's KV; a no_buffer hybrid's c0 leaves a state only at its own end, which no
