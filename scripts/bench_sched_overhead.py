@@ -29,6 +29,14 @@ Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
                                            [--slot-wait] [--in-flight] [--producer-rows R] [--chunk-last 0|1]
     python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
     python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
+    python scripts/bench_sched_overhead.py --drain 1000       # every pass until a queue of 1000 drains
+    python scripts/bench_sched_overhead.py --drain 1000 --profile 0   # ... radixflow's code vs SGLang's in it
+
+--drain N: one pass is not the same work in every variant (radixflow's reaches past Blocked siblings and admits other
+requests; native's recomputes each shared document beside its siblings, so its queue takes more passes to drain).
+This times every pass (CPU, same region as one pass) while the harness runs rounds until N requests drain (SGLang's
+own allocation and result processing between passes, untimed; the synchronous loop: each round's results are
+processed before the next pass): passes, total pass CPU, CPU per request served, prefill tokens computed.
 """
 from __future__ import annotations
 
@@ -73,6 +81,10 @@ REFRESH = [False]  # --refresh: time the pass in which SGLang's policy re-touche
 FEATURES: dict[str, Any] = {"producer_rows": None, "chunk_last": None}
 
 
+# --mamba-slots (--drain, hybrid): the mamba pool, rows of the running requests and the tree's states together. A hit
+# on a state copies it into a fresh slot (SGLang's copy-on-write at match time), evicting a tree state when none is
+# free: a smaller pool makes every hit pay an eviction.
+MAMBA_SLOTS = [8 * S]
 QUEUE = ["groups"]  # --queue: groups (candidates sharing a document) | unrelated (nothing shared) | consumers
 
 
@@ -327,6 +339,94 @@ def breakdown(config: str, n: int, repeats: int, variant: str = "rf+flex") -> No
         print(f"  {sglang_visit + ' (' + v + ')':52} {stat(v, sglang_visit)}   x{counts[v][sglang_visit]}")
 
 
+@dataclass
+class Drain:
+    passes: int
+    cpu: float  # s, every pass together
+    tokens: int  # prefill tokens computed (extend lengths)
+
+
+def drained(config: str, variant: str, n: int, prof: Optional[cProfile.Profile] = None) -> Drain:
+    """Pass + round until the queue of n requests drains; only the passes are timed (and profiled, with `prof`)."""
+    from sglang_radixflow.bench import passes as passes_module
+
+    arm, admission = VARIANTS[variant]
+    consumers = QUEUE[0] == "consumers"
+    h = PassHarness(
+        CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S,
+        kv_size=32768 + (160 * n if consumers else 0), max_num_reqs=S + 8,
+        # rows for a round's requests and the states the tree keeps for the next rounds' hits
+        mamba_cache_size=MAMBA_SLOTS[0] + (n // 4 if consumers else 0), max_context_len=2048, slot_wait=SLOT_WAIT[0],
+        **(FEATURES if variant != "native" else {}),
+    )
+    prefixes: list[list[int]] = []
+    queue = make_queue(n, shared_prefixes=prefixes)
+    if consumers:
+        publish(h, prefixes)
+    h.submit(*queue)
+    for req in queue:  # arrived a while ago: a flex gate releases on its deadline
+        req.time_stats.wait_queue_entry_time -= 1.0
+    spent = [0.0]
+    timed_call = passes_module.run_prefill_pass
+
+    def timed(*a: Any, **k: Any) -> Any:
+        c0 = time.process_time()
+        if prof is not None:
+            prof.enable()
+        try:
+            return timed_call(*a, **k)
+        finally:
+            if prof is not None:
+                prof.disable()
+            spent[0] += time.process_time() - c0
+
+    passes = tokens = 0
+    gc.collect()
+    gc.disable()
+    try:
+        with mock.patch.object(passes_module, "run_prefill_pass", timed):
+            while h.waiting or h.sched.chunked_req is not None:
+                assert passes < 4 * n, f"{variant}: queue not drained after {passes} passes"
+                admitted = h.run_pass()
+                passes += 1
+                assert admitted, f"{variant}: a pass admitted nothing with {len(h.waiting)} waiting"
+                tokens += sum(int(r.extend_len) for r in admitted)
+                h.execute()
+    finally:
+        gc.enable()
+    h.assert_idle_invariants()
+    return Drain(passes, spent[0], tokens)
+
+
+def drain_table(configs: list[str], n: int, repeats: int) -> None:
+    print(f"\ndrain: {QUEUE[0]} queue of {n}, S={S} rows, T={T} tokens, synchronous loop; median of {repeats} "
+          "(variants alternated): passes | CPU ms of all passes (ratio to native) | CPU us per request | "
+          "prefill tokens computed")
+    for config in configs:
+        runs: dict[str, list[Drain]] = {v: [] for v in VARIANTS}
+        for _ in range(repeats):
+            for v in VARIANTS:
+                runs[v].append(drained(config, v, n))
+        base = statistics.median(d.cpu for d in runs["native"])
+        for v, ds in runs.items():
+            cpu = statistics.median(d.cpu for d in ds)
+            print(f"  {config:7} {v:8} | {ds[0].passes:4d} passes | {cpu * 1e3:9.2f} ms ({cpu / base:4.2f}x) | "
+                  f"{cpu / n * 1e6:7.1f} us | {ds[0].tokens:8d} tokens", flush=True)
+
+
+def drain_profile(config: str, n: int) -> None:
+    """Where the drain's pass CPU goes: radixflow's own functions vs SGLang's (cProfile self time, so the split holds
+    though cProfile inflates both)."""
+    print(f"\ndrain profile: {QUEUE[0]} queue of {n}, {config}: self time in radixflow's code / all, ms (cProfile)")
+    for v in VARIANTS:
+        prof = cProfile.Profile()
+        drained(config, v, n, prof)
+        stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        own = sum(row[2] for (path, _, _), row in stats.items() if "sglang_radixflow" in path)
+        total = sum(row[2] for row in stats.values())
+        print(f"  {v:8} {own * 1e3:8.1f} / {total * 1e3:8.1f}  (SGLang's code {(total - own) * 1e3:8.1f})")
+
+
 def profile(config: str, n: int, top: int = 30) -> None:
     h = prepared(config, "rf+flex", n, steady=True)
     prof = cProfile.Profile()
@@ -356,14 +456,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--chunk-last", type=int, choices=(0, 1), default=None,
                     help="RADIXFLOW_CHUNK_LAST for the radixflow variants (default: the arm's, 1)")
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
-    ap.add_argument("--profile", type=int, default=None, metavar="N", help="cProfile the radixflow pass at size N")
+    ap.add_argument("--profile", type=int, default=None, metavar="N",
+                    help="cProfile the radixflow pass at size N (with --drain: split the drain's CPU, N unused)")
+    ap.add_argument("--drain", type=int, default=None, metavar="N",
+                    help="time every pass while a queue of N requests drains (rounds run in between)")
+    ap.add_argument("--mamba-slots", type=int, default=MAMBA_SLOTS[0],
+                    help=f"--drain on the hybrid: mamba pool size (default {MAMBA_SLOTS[0]})")
     args = ap.parse_args(argv)
     SLOT_WAIT[0] = args.slot_wait
     IN_FLIGHT[0] = args.in_flight
     REFRESH[0] = args.refresh
     QUEUE[0] = args.queue
+    if args.mamba_slots < S + 16:
+        ap.error(f"--mamba-slots {args.mamba_slots}: a round's {S} rows need at least {S + 16} slots")
+    MAMBA_SLOTS[0] = args.mamba_slots
     FEATURES.update(producer_rows=args.producer_rows,
                     chunk_last=None if args.chunk_last is None else bool(args.chunk_last))
+    if args.drain is not None:
+        if args.profile is not None:  # --drain N --profile: where the drain's pass CPU goes
+            for config in args.config:
+                drain_profile(config, args.drain)
+            return 0
+        drain_table(args.config, args.drain, max(1, args.repeats))
+        return 0
     if args.profile is not None:
         for config in args.config:
             profile(config, args.profile)
