@@ -629,7 +629,8 @@ class SchedulingState:
         current = self.current
         self._hold_run = 0  # admitted (a whole request; past S - R rows a producer): the run of held ones is broken
         current.admitted_reqs.append(req)
-        state_hit = req.prefix_len  # Req.prefix_len: int
+        state_hit = req.prefix_len
+        assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
         current.token_hit_sum += token_hit
         current.state_hit_sum += state_hit
         entered = req.time_stats.wait_queue_entry_time or 0.0
@@ -652,7 +653,9 @@ class SchedulingState:
                 group = self._unlanded.get(key)
                 if group is None:
                     group = self._unlanded[key] = {}
-                group[id(req)] = (req, req.extend_end, current.round_id)  # Req.extend_end: int once admitted
+                end = req.extend_end
+                assert end.__class__ is int, "Req.extend_end is an int once admitted"
+                group[id(req)] = (req, end, current.round_id)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return
