@@ -117,26 +117,38 @@ def publish(h: PassHarness, prefixes: list[list[int]]) -> None:
     h.forward_ct += 1  # the inserting round has ended: its stamps are published
 
 
-def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
+def new_harness(config: str, variant: str, n: int, mamba_slots: int) -> PassHarness:
+    """A scheduler over an empty tree for a queue of n requests (`--queue consumers`: room for the published
+    prefixes too)."""
     arm, admission = VARIANTS[variant]
     consumers = QUEUE[0] == "consumers"
-    h = PassHarness(
+    return PassHarness(
         CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S,
         kv_size=32768 + (160 * n if consumers else 0), max_num_reqs=S + 8,
-        mamba_cache_size=S + 16 + (n // 4 if consumers else 0), max_context_len=2048, slot_wait=SLOT_WAIT[0],
+        mamba_cache_size=mamba_slots + (n // 4 if consumers else 0), max_context_len=2048, slot_wait=SLOT_WAIT[0],
         **(FEATURES if variant != "native" else {}),
     )
-    # SGLang's FCFS policy re-touches (LRU) the prefixes of the first 128 waiting requests on one pass in
-    # WAITING_PREFIX_REFRESH_INTERVAL (32): a fresh policy would do it on this pass. Time the common pass unless asked.
-    assert hasattr(h.sched.policy, "_waiting_prefix_refresh_calls"), "SGLang's waiting-prefix refresh counter"
-    h.sched.policy._waiting_prefix_refresh_calls = 0 if REFRESH[0] else 1
+
+
+def fill(h: PassHarness, n: int) -> list[Req]:
+    """The queue of n requests, waiting in `h` (their documents published first under `--queue consumers`)."""
     prefixes: list[list[int]] = []
     queue = make_queue(n, shared_prefixes=prefixes)
-    if consumers:
+    if QUEUE[0] == "consumers":
         publish(h, prefixes)
     h.submit(*queue)
     for req in queue:  # arrived a while ago: a flex gate releases on its deadline
         req.time_stats.wait_queue_entry_time -= 1.0
+    return queue
+
+
+def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
+    h = new_harness(config, variant, n, S + 16)
+    # SGLang's FCFS policy re-touches (LRU) the prefixes of the first 128 waiting requests on one pass in
+    # WAITING_PREFIX_REFRESH_INTERVAL (32): a fresh policy would do it on this pass. Time the common pass unless asked.
+    assert hasattr(h.sched.policy, "_waiting_prefix_refresh_calls"), "SGLang's waiting-prefix refresh counter"
+    h.sched.policy._waiting_prefix_refresh_calls = 0 if REFRESH[0] else 1
+    queue = fill(h, n)
     if variant != "native" and steady:
         # What the previous pass left indexed: this queue plus the requests it admitted, which then left.
         previous = make_queue(S // 2, seed=1)
@@ -350,22 +362,9 @@ def drained(config: str, variant: str, n: int, prof: Optional[cProfile.Profile] 
     """Pass + round until the queue of n requests drains; only the passes are timed (and profiled, with `prof`)."""
     from sglang_radixflow.bench import passes as passes_module
 
-    arm, admission = VARIANTS[variant]
-    consumers = QUEUE[0] == "consumers"
-    h = PassHarness(
-        CONFIGS[config], arm=arm, admission=admission, token_budget=T, rows=S,
-        kv_size=32768 + (160 * n if consumers else 0), max_num_reqs=S + 8,
-        # rows for a round's requests and the states the tree keeps for the next rounds' hits
-        mamba_cache_size=MAMBA_SLOTS[0] + (n // 4 if consumers else 0), max_context_len=2048, slot_wait=SLOT_WAIT[0],
-        **(FEATURES if variant != "native" else {}),
-    )
-    prefixes: list[list[int]] = []
-    queue = make_queue(n, shared_prefixes=prefixes)
-    if consumers:
-        publish(h, prefixes)
-    h.submit(*queue)
-    for req in queue:  # arrived a while ago: a flex gate releases on its deadline
-        req.time_stats.wait_queue_entry_time -= 1.0
+    # the pool holds a round's rows and the states the tree keeps for the next rounds' hits
+    h = new_harness(config, variant, n, MAMBA_SLOTS[0])
+    fill(h, n)
     spent = [0.0]
     timed_call = passes_module.run_prefill_pass
 
@@ -473,6 +472,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     IN_FLIGHT[0] = args.in_flight
     REFRESH[0] = args.refresh
     QUEUE[0] = args.queue
+    if args.drain is not None and (args.in_flight or args.cold or args.refresh or args.breakdown is not None):
+        ap.error("--drain runs the synchronous loop from a queue of new requests, refreshes as SGLang's policy does, "
+                 "and times whole passes: it takes none of --in-flight, --cold, --refresh, --breakdown")
     if args.mamba_slots < S + 16:
         ap.error(f"--mamba-slots {args.mamba_slots}: a round's {S} rows need at least {S + 16} slots")
     MAMBA_SLOTS[0] = args.mamba_slots
