@@ -44,6 +44,11 @@ class RadixFlowConfig:
     rr_block_tokens: int = 16  # RR-Evict tail unit on full-attention paths (--radix-eviction-policy rr)
     rr_order: str = "share"  # RR-Evict: next idle trajectory = largest retained share | plain cursor (ablation)
 
+    def __post_init__(self) -> None:
+        # from_env names the variable; this catches a config built in code (adoption reads token need - 1 >= 0)
+        if self.min_gain_tokens < 1:
+            raise ConfigError(f"min_gain_tokens={self.min_gain_tokens!r} is invalid; allowed: an int >= 1")
+
 
 ARMS: dict[str, RadixFlowConfig] = {
     "sglang": RadixFlowConfig(arm="sglang", traversal="native", admission="native"),

@@ -221,22 +221,38 @@ def plan_producer(
     snapshot off the branch point."""
     state_hit = int(req.prefix_len)
     floor = state_hit + min_gain - 1  # a boundary must pass it; a sibling sharing no more than that is no consumer
-    head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
+    if len(tokens) <= floor:
+        return None  # no sibling can share more of it than that
+    head: Optional[bytes] = None  # the producer's token bytes: made once, when a sibling first needs them
     shared = []
-    lcp = 0
+    lcp = longest = 0
     for sib in siblings:
         if id(sib) in excluded:
             continue
         sib_tokens = request_tokens(sib)
-        if state_hit and not shares_more_than(head, sib_tokens, floor):
-            # One comparison instead of the LCP search: the common case of a request whose own shared prefix is
-            # already state-ready (a consumer after publication; a question on a document seen before). (With
-            # nothing cached, siblings share more than min_gain tokens as a rule: the search runs anyway.)
-            shared.append((sib, 0))
-            continue
+        if state_hit:
+            # A sibling sharing no more than `floor` tokens is no consumer: the common case of a request whose own
+            # shared prefix is already state-ready (a consumer after publication; a question on a document seen
+            # before). The token at `floor` rules most out (one int compare), one C-level comparison the rest,
+            # instead of the LCP search. (With nothing cached, siblings share more than min_gain tokens as a rule.)
+            if floor >= len(sib_tokens) or sib_tokens[floor] != tokens[floor]:
+                shared.append((sib, 0))
+                continue
+            if head is None:
+                head = as_tokens(tokens).tobytes()
+            if not shares_more_than(head, sib_tokens, floor):
+                shared.append((sib, 0))
+                continue
+        if head is None:
+            head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
         lcp = common_prefix_with(head, sib_tokens, hint=lcp)
         usable = min(lcp, key_limit(sib, sib_tokens), len(tokens))
-        shared.append((sib, usable - usable % page_size))
+        usable -= usable % page_size
+        shared.append((sib, usable))
+        if usable > longest:
+            longest = usable
+    if longest <= floor:
+        return None  # no sibling reaches a boundary past floor: best_boundary would find none
     lcps = [lcp for _, lcp in shared]
     boundary = best_boundary(lcps, floor=floor)
     if mode is PublishMode.CHUNK_END and state_hit + min_gain <= token_hit < boundary:

@@ -529,8 +529,11 @@ class SchedulingState:
         least min_gain, published when it lands, cancelled if that request is released first. Full attention: for
         the request's whole extend (a partial promise serves every later sibling its shared part too). extra_buffer
         hybrid: for the one state SGLang snapshots inside the extend, which `req` must share whole."""
-        head = as_tokens(tokens).tobytes()
+        head: Optional[bytes] = None  # req's token bytes, made when an in-flight request first needs them
         need = state_hit + self.config.min_gain_tokens
+        last = need - 1  # the last token an adoptable request must share (need >= min_gain >= 1)
+        if last >= len(tokens):
+            return None
         partial = self.mode is PublishMode.KV
         best: Optional[tuple[Any, int, int]] = None  # (request, what it serves req, boundary of its promise)
         for other, end, _ in in_flight.values():
@@ -541,8 +544,14 @@ class SchedulingState:
             if end < need:
                 continue
             other_tokens = request_tokens(other)
-            if not shares_more_than(head, other_tokens, need - 1):
-                continue  # one comparison: a sibling that shares only what req already has (a consumer's case)
+            # A sibling that shares only what req already has (a consumer's case) is ruled out by the token at
+            # `last` (one int compare), or else by one C-level comparison, before the LCP search.
+            if last >= len(other_tokens) or other_tokens[last] != tokens[last]:
+                continue
+            if head is None:
+                head = as_tokens(tokens).tobytes()
+            if not shares_more_than(head, other_tokens, last):
+                continue
             shared = min(common_prefix_with(head, other_tokens), end, limit)
             shared -= shared % self.page_size
             if shared >= need and (partial or shared == end) and (best is None or shared > best[1]):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_radixflow.config import ARMS, ConfigError, load_config
+from sglang_radixflow.config import ARMS, ConfigError, RadixFlowConfig, load_config
 
 
 def test_default_is_the_radixflow_arm() -> None:
@@ -30,6 +30,7 @@ def test_variables_override_the_preset() -> None:
         ({"RADIXFLOW_HOLD_MS": "soon"}, "RADIXFLOW_HOLD_MS='soon' is invalid"),
         ({"RADIXFLOW_MAX_DEFER_ROUNDS": "2.5"}, "RADIXFLOW_MAX_DEFER_ROUNDS='2.5' is invalid; allowed: a int >= 0"),
         ({"RADIXFLOW_FRAGMENTATION": "maybe"}, "RADIXFLOW_FRAGMENTATION='maybe' is invalid; allowed: 1/0"),
+        ({"RADIXFLOW_MIN_GAIN_TOKENS": "0"}, "RADIXFLOW_MIN_GAIN_TOKENS='0' is invalid; allowed: a int >= 1"),
         ({"RADIXFLOW_TRAVERSE": "skip"}, "unknown variable(s) RADIXFLOW_TRAVERSE; known: RADIXFLOW_ARM"),
     ],
 )
@@ -37,3 +38,9 @@ def test_invalid_values_name_the_variable_and_what_is_allowed(env: dict[str, str
     with pytest.raises(ConfigError) as info:
         load_config(env)
     assert message in str(info.value)
+
+
+def test_a_config_built_in_code_refuses_a_min_gain_below_one() -> None:
+    # adoption reads the token at hit + min_gain - 1: with a gain of 0 and no hit, index -1 (the last token)
+    with pytest.raises(ConfigError, match="min_gain_tokens=0 is invalid; allowed: an int >= 1"):
+        RadixFlowConfig(min_gain_tokens=0)

@@ -212,6 +212,29 @@ def test_full_attention_a_request_sharing_part_of_the_promise_waits_for_it() -> 
     h.assert_idle_invariants()
 
 
+def test_a_producer_with_a_hit_serves_a_sibling_one_token_past_it_and_not_one_sharing_only_the_hit() -> None:
+    """The threshold on the producer's side: with the document in the tree (the producer's hit), a sibling that
+    shares one more token of its path (min_gain = 1) waits for it; one that shares only the document runs now, from
+    its hit, beside the producer."""
+    h = harness(FULL, "radixflow")
+    h.submit(make_request("base", DOC + [1]))
+    h.run_rounds()  # DOC is in the tree
+    producer = make_request("p", DOC + [50] + list(range(2000, 2020)))
+    one_more = make_request("one-more", DOC + [50] + list(range(3000, 3020)))
+    none_more = make_request("none-more", DOC + list(range(4000, 4020)))
+    h.submit(producer, one_more, none_more)
+    batch = h.run_pass()
+    assert [r.rid for r in batch] == ["p", "none-more"]
+    assert [int(r.prefix_len) for r in batch] == [len(DOC), len(DOC)]
+    (promise,) = h.cache.rf_sched.promises.open_promises()
+    assert (promise.producer_rid, promise.boundary) == ("p", len(DOC) + 1)
+    assert [r.rid for r in h.waiting] == ["one-more"]
+    h.execute()
+    h.run_rounds()
+    assert one_more.cached_tokens == len(DOC) + 1
+    h.assert_idle_invariants()
+
+
 def test_full_attention_promise_is_published_when_the_producers_kv_lands() -> None:
     """The producer's KV enters the tree as one node running past b: the promise counts as published (a full-attention
     prefix is usable inside a node), not as cancelled."""
