@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence
@@ -56,7 +57,8 @@ def request_tokens(req: Any) -> Sequence[int]:
     """The request's tokens, read-only. Before any output this is the prompt array itself, not an O(prompt) copy:
     the scan calls this several times for every request it examines."""
     if not req.output_ids:
-        return as_tokens(req.origin_input_ids)
+        origin = req.origin_input_ids
+        return origin if origin.__class__ is array and origin.typecode == "q" else as_tokens(origin)  # as_tokens
     return as_tokens(req.origin_input_ids + req.output_ids)
 
 
@@ -185,11 +187,16 @@ class SiblingIndex:
         return group is not None and (len(group) > 1 or id(req) not in group)
 
     def siblings(self, req: Any) -> list[Any]:
+        return [s for s in self.group_with(req) if s is not req]
+
+    def group_with(self, req: Any) -> Iterable[Any]:
+        """The indexed requests sharing `req`'s sibling key, possibly `req` itself; empty when it has no sibling (the
+        common case). A read-only view of the index: iterate it before the index changes."""
         key = sibling_key(req)
         group = self._groups.get(key) if key is not None else None
-        if not group or (len(group) == 1 and id(req) in group):  # alone in its group: the common case
-            return []
-        return [s for s in group.values() if s is not req]
+        if not group or (len(group) == 1 and id(req) in group):
+            return ()
+        return group.values()
 
 
 def native_branch(req: Any) -> Optional[int]:
@@ -204,7 +211,8 @@ def plan_producer(
     req: Any, tokens: Sequence[int], siblings: Iterable[Any], *, min_gain: int, mode: PublishMode,
     cache_chunk: int, excluded: set[int], token_hit: int = 0, page_size: int = 1, branch: Optional[int] = None,
 ) -> Optional[ProducerPlan]:
-    """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise.
+    """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise. `siblings` may
+    include `req` itself (skipped).
 
     The tree holds whole pages only (SGLang inserts and matches page-aligned keys), so what a sibling can reuse is
     its shared prefix rounded down to a page: the boundary is a page multiple, and none is planned when rounding
@@ -227,7 +235,7 @@ def plan_producer(
     shared = []
     lcp = longest = 0
     for sib in siblings:
-        if id(sib) in excluded:
+        if sib is req or id(sib) in excluded:
             continue
         sib_tokens = request_tokens(sib)
         if state_hit:

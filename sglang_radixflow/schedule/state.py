@@ -491,11 +491,15 @@ class SchedulingState:
         if getattr(req, DEFER_COUNT, 0) >= self.config.max_defer_rounds:
             return None  # bounded deferral: run from h
         tokens = request_tokens(req)
-        state_hit, limit = int(req.prefix_len), key_limit(req, tokens)
-        promise = self.promises.blocking(
-            namespace_of(req), tokens, state_hit, limit, self.config.min_gain_tokens,
-            exclude_rid=str(req.rid), candidates=candidates,
-        ) if candidates else None
+        state_hit = int(req.prefix_len)
+        limit = None  # key_limit: asks SGLang, so only when a candidate needs it
+        promise = None
+        if candidates:
+            limit = key_limit(req, tokens)
+            promise = self.promises.blocking(
+                namespace_of(req), tokens, state_hit, limit, self.config.min_gain_tokens,
+                exclude_rid=str(req.rid), candidates=candidates,
+            )
         if promise is None and in_flight:
             promise = self._adopt(req, tokens, state_hit, limit, in_flight)
         return promise
@@ -523,12 +527,13 @@ class SchedulingState:
             if not group:
                 del self._unlanded[key]
 
-    def _adopt(self, req: Any, tokens: Any, state_hit: int, limit: int, in_flight: dict[int, tuple[Any, int, int]]
-               ) -> Optional[Promise]:
+    def _adopt(self, req: Any, tokens: Any, state_hit: int, limit: Optional[int],
+               in_flight: dict[int, tuple[Any, int, int]]) -> Optional[Promise]:
         """A promise for the in-flight request that will land the most of `req`'s useful prefix, past its hit by at
         least min_gain, published when it lands, cancelled if that request is released first. Full attention: for
         the request's whole extend (a partial promise serves every later sibling its shared part too). extra_buffer
-        hybrid: for the one state SGLang snapshots inside the extend, which `req` must share whole."""
+        hybrid: for the one state SGLang snapshots inside the extend, which `req` must share whole. `limit`: req's
+        key_limit, or None (worked out here if an in-flight request shares more than req's hit)."""
         head: Optional[bytes] = None  # req's token bytes, made when an in-flight request first needs them
         need = state_hit + self.config.min_gain_tokens
         last = need - 1  # the last token an adoptable request must share (need >= min_gain >= 1)
@@ -552,6 +557,8 @@ class SchedulingState:
                 head = as_tokens(tokens).tobytes()
             if not shares_more_than(head, other_tokens, last):
                 continue
+            if limit is None:
+                limit = key_limit(req, tokens)
             shared = min(common_prefix_with(head, other_tokens), end, limit)
             shared -= shared % self.page_size
             if shared >= need and (partial or shared == end) and (best is None or shared > best[1]):
@@ -614,7 +621,7 @@ class SchedulingState:
             return None
         if not self._index_fresh:  # lazily: passes that plan nothing never touch the index
             self.index_waiting(self._waiting)
-        siblings = self._index.siblings(req)
+        siblings = self._index.group_with(req)  # req among them: plan_producer skips it
         if not siblings:  # the common case on a queue without sharing: nothing to plan
             return None
         tokens = request_tokens(req)
