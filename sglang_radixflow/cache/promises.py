@@ -235,6 +235,15 @@ def shares_more_than(head: bytes, b: Sequence[int], n: int) -> bool:
         return head.startswith(view[:k])
 
 
+def tokens_share_more_than(a: Sequence[int], b: Sequence[int], n: int) -> bool:
+    """Whether token sequences `a` and `b` share more than their first `n` >= 0 tokens. The token at index n rules
+    most pairs out with one int comparison (a consumer's siblings differ right past what the tree holds for it);
+    one C-level comparison decides the rest (shares_more_than)."""
+    if n >= len(a) or n >= len(b) or a[n] != b[n]:
+        return False
+    return shares_more_than(as_tokens(a).tobytes(), b, n)
+
+
 def best_boundary(candidate_lcps: Iterable[int], floor: int) -> int:
     """The boundary b > floor maximising (b - floor) x (siblings whose shared prefix reaches b); 0 if none.
 

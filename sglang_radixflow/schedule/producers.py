@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence
 
-from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with, shares_more_than
+from sglang_radixflow.cache.promises import as_tokens, best_boundary, common_prefix_with, tokens_share_more_than
 
 INDEX_PREFIX = 8  # siblings are found by their first tokens; shorter shared prefixes are not worth a promise
 
@@ -238,19 +238,12 @@ def plan_producer(
         if sib is req or id(sib) in excluded:
             continue
         sib_tokens = request_tokens(sib)
-        if state_hit:
-            # A sibling sharing no more than `floor` tokens is no consumer: the common case of a request whose own
-            # shared prefix is already state-ready (a consumer after publication; a question on a document seen
-            # before). The token at `floor` rules most out (one int compare), one C-level comparison the rest,
-            # instead of the LCP search. (With nothing cached, siblings share more than min_gain tokens as a rule.)
-            if floor >= len(sib_tokens) or sib_tokens[floor] != tokens[floor]:
-                shared.append((sib, 0))
-                continue
-            if head is None:
-                head = as_tokens(tokens).tobytes()
-            if not shares_more_than(head, sib_tokens, floor):
-                shared.append((sib, 0))
-                continue
+        if state_hit and not tokens_share_more_than(tokens, sib_tokens, floor):
+            # No consumer, ruled out without the LCP search: the common case of a request whose own shared prefix is
+            # already state-ready (a consumer after publication; a question on a document seen before). (With
+            # nothing cached, siblings share more than min_gain tokens as a rule: the search runs anyway.)
+            shared.append((sib, 0))
+            continue
         if head is None:
             head = as_tokens(tokens).tobytes()  # once per producer, not once per sibling
         lcp = common_prefix_with(head, sib_tokens, hint=lcp)

@@ -10,7 +10,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from sglang_radixflow.cache.promises import Promise, PromiseTable, as_tokens, common_prefix_with, shares_more_than
+from sglang_radixflow.cache.promises import (
+    Promise, PromiseTable, as_tokens, common_prefix_with, tokens_share_more_than,
+)
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.observe.meta import META_STATE_HIT, META_TOKEN_HIT, note_admitted_meta
 from sglang_radixflow.observe.rounds import RoundRecorder
@@ -92,6 +94,7 @@ class SchedulingState:
         self.page_size = page_size  # the tree's unit: boundaries and partial promises are whole pages
         self._path_len = path_len  # the tree's held path length (RadixFlowCache.path_len); None: not screened
         self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0))
+        self._state_ready_len = state_ready_len  # the tree's read-only walk (RadixFlowCache.state_ready_len), or None
         self.recorder = RoundRecorder(trace or TraceWriter(None))
         self.pending_pass: Optional[tuple] = None  # (batch, PassStats, S, T, waiting after) until run_batch
         self.mode = mode
@@ -130,6 +133,8 @@ class SchedulingState:
         self._scanning = False  # the scan's own iteration is under way (only it can offer held requests again)
         self._held: list[Any] = []
         self._first_hold_at: Optional[int] = None  # queue position of the first held request; -1: holds are over
+        # Producer rows: queue positions up to here are proven Ready non-producers (`_producer_hold_is_futile`).
+        self._proven_through = -1
         self._hold_run = 0  # requests held in a row (chunk_last, producer rows): HOLD_RUN_LIMIT
         # Waiting siblings of a cut request that share what it would compute (chunk_last): held with it, unmatched.
         self._held_with: dict[int, Any] = {}
@@ -185,6 +190,7 @@ class SchedulingState:
         self._scan_queue = None
         self._held = []
         self._first_hold_at = None
+        self._proven_through = -1
         self._hold_run = 0
         self._held_with = {}
         self._cut_screen = None
@@ -324,11 +330,72 @@ class SchedulingState:
         request (it exists to leave its states). Off (R = 0) it costs one attribute read per request."""
         if not self._would_hold_for_producers(req):
             return False
+        if self._first_hold_at is None and self._producer_hold_is_futile():
+            return False  # no producer could come before it is offered again: FCFS admits the same requests now
         self._hold(req)
         self._hold_run += 1
         assert self.current is not None
         self.current.held += 1
         return True
+
+    def _producer_hold_is_futile(self) -> bool:
+        """Whether holding the request the scan is on (the pass's first hold) would change nothing: every request the
+        hold's window would reach before offering it again (`_lookahead` positions, or HOLD_RUN_LIMIT more holds,
+        counted as `screen` counts them) is proven to be a Ready non-producer that would be held too
+        (`_held_non_producer`), or the queue ends first. The held requests would then be offered in queue order and
+        take the rows left, as FCFS gives them now; the hold would only cost SGLang a match of each (and of the
+        first ones twice). Decided only with nothing skipped in the window (no known-Blocked request). Positions
+        proven stay proven for the pass (later admissions add no promise and only requests already checked)."""
+        queue = self._scan_queue
+        if queue is None or self._known_blocked or self._fragment_checks or self._state_ready_len is None:
+            return False  # (a fragment deferral, like a Blocked verdict, is no hold: the window would move)
+        pos, lookahead, run = self._scan_pos, self._lookahead(), self._hold_run + 1  # + this request's hold
+        for ahead in range(pos + 1, len(queue)):
+            if ahead - pos > lookahead or run > HOLD_RUN_LIMIT:
+                return True  # `screen` would offer the held request here
+            if ahead > self._proven_through:
+                if not self._held_non_producer(queue[ahead]):
+                    return False
+                self._proven_through = ahead
+            run += 1
+        return True  # the queue ends: offered at its end
+
+    def _held_non_producer(self, req: Any) -> bool:
+        """Whether `req`, examined now, would be held for producers as a Ready non-producer, proven without SGLang
+        matching it: SGLang's scan hands it to the adder (no pooled readout or LoRA adapter to check), no open
+        promise could block it, it is not cache-only, and every other request sharing its sibling key (waiting, or
+        in flight for adoption) shares no more of its path than h + min_gain - 1 tokens, h a lower bound of its
+        state-ready hit: what the tree holds state-ready on its path (`state_ready_len`), within its key limit (on a
+        hybrid not trusted past it: the match stops at the last state before it). So `plan_producer` would find no
+        boundary and `_adopt` nothing to adopt. (Unless a state on its path is evicted before its match, which a
+        hybrid's copy-on-write at another request's match can do when the mamba pool is full: a request that then
+        turns out a producer gets the rows FCFS gives it, as with R = 0.)"""
+        if is_cache_only(req) or req.token_indices_to_pool is not None or req.lora_id is not None:
+            return False
+        key = sibling_key(req)
+        if self.promises.may_serve(key):
+            return False
+        if not self._index_fresh:
+            self.index_waiting(self._waiting)
+        group = self._index.group_with(req)
+        in_flight = self._unlanded.get(key) if key is not None and self._unlanded else None
+        if not group and not in_flight:
+            return True  # nobody to plan for or adopt: the common case of a queue with nothing shared
+        tokens = request_tokens(req)
+        assert self._state_ready_len is not None
+        hit = self._state_ready_len(namespace_of(req), tokens)
+        limit = key_limit(req, tokens)
+        if hit > limit:
+            if self.mode is not PublishMode.KV:
+                return False
+            hit = limit  # full attention: the match stops at the limit, inside a published node
+        last = hit + self.config.min_gain_tokens - 1  # the token a consumer or an adopted request must share
+        if last >= len(tokens):
+            return True
+        others = [*group, *(other for other, _, _ in in_flight.values())] if in_flight else group
+        return not any(
+            other is not req and tokens_share_more_than(tokens, request_tokens(other), last) for other in others
+        )
 
     def holds_cut(self, req: Any, extend: int, plan: Optional[ProducerPlan] = None, token_hit: int = 0,
                   provably_cut: Optional[Callable[[Any], bool]] = None) -> bool:
@@ -534,7 +601,6 @@ class SchedulingState:
         the request's whole extend (a partial promise serves every later sibling its shared part too). extra_buffer
         hybrid: for the one state SGLang snapshots inside the extend, which `req` must share whole. `limit`: req's
         key_limit, or None (worked out here if an in-flight request shares more than req's hit)."""
-        head: Optional[bytes] = None  # req's token bytes, made when an in-flight request first needs them
         need = state_hit + self.config.min_gain_tokens
         last = need - 1  # the last token an adoptable request must share (need >= min_gain >= 1)
         if last >= len(tokens):
@@ -549,17 +615,11 @@ class SchedulingState:
             if end < need:
                 continue
             other_tokens = request_tokens(other)
-            # A sibling that shares only what req already has (a consumer's case) is ruled out by the token at
-            # `last` (one int compare), or else by one C-level comparison, before the LCP search.
-            if last >= len(other_tokens) or other_tokens[last] != tokens[last]:
-                continue
-            if head is None:
-                head = as_tokens(tokens).tobytes()
-            if not shares_more_than(head, other_tokens, last):
-                continue
+            if not tokens_share_more_than(tokens, other_tokens, last):
+                continue  # a sibling that shares only what req already has (a consumer's case), without the search
             if limit is None:
                 limit = key_limit(req, tokens)
-            shared = min(common_prefix_with(head, other_tokens), end, limit)
+            shared = min(common_prefix_with(as_tokens(tokens).tobytes(), other_tokens), end, limit)
             shared -= shared % self.page_size
             if shared >= need and (partial or shared == end) and (best is None or shared > best[1]):
                 best = (other, shared, end - end % self.page_size)

@@ -4,12 +4,15 @@ producers, then offered again in the same pass. It may reorder admissions, never
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
+
+from sglang.srt.managers.schedule_batch import Req
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.bench.replay import figure1_instance, make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
 from sglang_radixflow.schedule.prefix_request import prefix_rid
-from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT
+from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT, SchedulingState
 
 import pytest
 
@@ -55,19 +58,84 @@ def test_a_producer_behind_ready_requests_gets_a_row_in_this_pass() -> None:
 
 
 def test_the_round_record_counts_producer_holds() -> None:
+    """S = 4, R = 2: u2..u5 are passed over for the group behind them (whose first request produces its document),
+    then u2 takes the row left."""
+    doc = list(range(50_000, 50_600))
+    group = [make_request(f"g{c}", doc + list(range(60_000 + 10 * c, 60_000 + 10 * c + 8))) for c in range(4)]
     h = PassHarness(FULL, token_budget=4096, rows=4, kv_size=16384, producer_rows=2)
-    h.submit(*unrelated(6))
+    h.submit(*unrelated(6), *group)
     h.run_pass()
     _, stats, rows, tokens, waiting_after = h.cache.rf_sched.pending_pass
     record = h.cache.rf_sched.pass_record(stats, rows, tokens, waiting_after)
-    # u2..u5 passed over (nothing behind them to make room for), u2 and u3 then admitted in the same pass.
-    assert record["producer_holds"] == 4 and record["admitted"] == ["u0", "u1", "u2", "u3"]
+    assert record["producer_holds"] == 4 and record["admitted"] == ["u0", "u1", "g0", "u2"]
 
 
-def test_a_run_of_held_requests_ends_the_look_ahead() -> None:
-    """A row-bound pass over a long queue with no producer in it (S = 64, R = 2): the scan stops looking for producers
-    after HOLD_RUN_LIMIT more Ready requests in a row were held, instead of S positions (each one SGLang matched),
-    and the held ones take the last rows in queue order."""
+def published_consumers(components: Any, groups: int) -> PassHarness:
+    """A harness whose tree holds `groups` documents (a state at each one's end on a hybrid), with four consumers of
+    each waiting: every one Ready from its document, none a producer (their tails differ at the first token)."""
+    h = PassHarness(components, token_budget=65536, rows=8, kv_size=65536, mamba_cache_size=64, producer_rows=2)
+    docs = [list(range(10_000 * (g + 1), 10_000 * (g + 1) + 300)) for g in range(groups)]
+    h.submit(*[make_request(f"d{g}", doc) for g, doc in enumerate(docs)])
+    h.run_rounds()
+    h.submit(*[make_request(f"g{g}c{c}", doc + list(range(100 * c + 1, 100 * c + 9)))
+               for g, doc in enumerate(docs) for c in range(4)])
+    return h
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_a_hold_no_producer_could_use_is_not_made(components: Any, monkeypatch: Any) -> None:
+    """Published consumers fill a row-bound pass (S = 8, R = 2). Every request the hold's window would reach is
+    proven a Ready non-producer without matching it, so the scan admits the next ones at once: the same requests as
+    with the hold made (offered again after HOLD_RUN_LIMIT more holds), and SGLang matches 8 instead of 17."""
+    def first_pass(prove: bool) -> tuple[list[str], list[int], int, int]:
+        if not prove:
+            monkeypatch.setattr(SchedulingState, "_producer_hold_is_futile", lambda self: False)
+        h = published_consumers(components, groups=4)
+        matched = [0]
+        original = Req.init_next_round_input
+
+        def counting(self: Req, *a: Any, **k: Any) -> Any:
+            matched[0] += 1
+            return original(self, *a, **k)
+
+        with mock.patch.object(Req, "init_next_round_input", counting):
+            batch = h.run_pass()
+        monkeypatch.undo()
+        held = h.cache.rf_sched.pending_pass[1].held
+        h.execute()
+        h.run_rounds()
+        h.assert_idle_invariants()
+        return [r.rid for r in batch], [int(r.prefix_len) for r in batch], held, matched[0]
+
+    proven, made = first_pass(prove=True), first_pass(prove=False)
+    assert proven[:2] == made[:2] == ([f"g{g}c{c}" for g in range(2) for c in range(4)], [300] * 8)
+    assert (proven[2], made[2]) == (0, HOLD_RUN_LIMIT + 1)
+    assert (proven[3], made[3]) == (8, 8 + HOLD_RUN_LIMIT + 1)
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_a_producer_past_a_published_document_keeps_the_hold(components: Any) -> None:
+    """The window's proof counts only what the tree holds: behind the consumers wait x0..x3, a new question on the
+    first document (they share 10 tokens past it, their hit). x0 is a producer, so the hold is made and x0 gets a
+    row (on the hybrid, its prefix request) ahead of g1c2 and g1c3."""
+    h = published_consumers(components, groups=2)
+    doc = list(range(10_000, 10_300))
+    h.submit(*[make_request(f"x{c}", doc + list(range(70_000, 70_010)) + [90 + c] * 4) for c in range(4)])
+    batch = h.run_pass()
+    x0 = "x0" if components is FULL else prefix_rid("x0", 310)
+    assert [r.rid for r in batch] == [f"g{g}c{c}" for g in range(2) for c in range(4)][:6] + [x0, "g1c2"]
+    assert h.cache.rf_sched.pending_pass[1].held == 2  # g1c2 and g1c3, then x0 came
+    h.execute()
+    h.run_rounds()
+    h.assert_idle_invariants()
+
+
+def test_a_run_of_held_requests_ends_the_look_ahead(monkeypatch: Any) -> None:
+    """A row-bound pass over a long queue with no producer in it (S = 64, R = 2), where the scan cannot prove that
+    before matching (here: the proof switched off): the scan stops looking for producers after HOLD_RUN_LIMIT more
+    Ready requests in a row were held, instead of S positions (each one SGLang matched), and the held ones take the
+    last rows in queue order."""
+    monkeypatch.setattr(SchedulingState, "_producer_hold_is_futile", lambda self: False)
     h = PassHarness(FULL, token_budget=65536, rows=64, kv_size=65536, max_num_reqs=72, producer_rows=2)
     h.submit(*unrelated(200))
     h.run_pass()
