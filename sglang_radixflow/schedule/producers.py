@@ -57,8 +57,8 @@ def request_tokens(req: Any) -> Sequence[int]:
     """The request's tokens, read-only. Before any output this is the prompt array itself, not an O(prompt) copy:
     the scan calls this several times for every request it examines."""
     if not req.output_ids:
-        origin = req.origin_input_ids
-        return origin if origin.__class__ is array and origin.typecode == "q" else as_tokens(origin)  # as_tokens
+        origin = req.origin_input_ids  # as_tokens' common case inlined: a call less per use
+        return origin if origin.__class__ is array and origin.typecode == "q" else as_tokens(origin)
     return as_tokens(req.origin_input_ids + req.output_ids)
 
 

@@ -481,7 +481,7 @@ class SchedulingState:
         if self._nothing_shared:
             return True  # no promise, and no request in flight or waiting shares its key
         candidates, in_flight = self._open_on(sibling_key(req))
-        return not candidates and not in_flight and not self._index.siblings(req)
+        return not candidates and not in_flight and not self._index.group_with(req)
 
     def _hold_cut(self, req: Any) -> None:
         setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
