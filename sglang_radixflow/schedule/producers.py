@@ -186,9 +186,6 @@ class SiblingIndex:
         group = self._groups.get(key)  # None (no key) is never a key; groups are never left empty
         return group is not None and (len(group) > 1 or id(req) not in group)
 
-    def siblings(self, req: Any) -> list[Any]:
-        return [s for s in self.group_with(req) if s is not req]
-
     def group_with(self, req: Any) -> Iterable[Any]:
         """The indexed requests sharing `req`'s sibling key, possibly `req` itself; empty when it has no sibling (the
         common case). A read-only view of the index: iterate it before the index changes."""
