@@ -186,6 +186,10 @@ class SiblingIndex:
         group = self._groups.get(key)  # None (no key) is never a key; groups are never left empty
         return group is not None and (len(group) > 1 or id(req) not in group)
 
+    def members(self, key: tuple) -> Mapping[int, Any]:
+        """The indexed requests with sibling key `key`, by id (empty if none). A read-only view of the index."""
+        return self._groups.get(key) or {}
+
     def group_with(self, req: Any) -> Iterable[Any]:
         """The indexed requests sharing `req`'s sibling key, possibly `req` itself; empty when it has no sibling (the
         common case). A read-only view of the index: iterate it before the index changes."""

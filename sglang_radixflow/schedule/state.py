@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from sglang_radixflow.cache.promises import (
     Promise, PromiseTable, as_tokens, common_prefix_with, tokens_share_more_than,
@@ -158,6 +158,9 @@ class SchedulingState:
         # just after its producer's pass would recompute the prefix in flight; it adopts that request as its producer
         # instead (`_adopt`).
         self._unlanded: dict[tuple, dict[int, tuple[Any, int, int]]] = {}
+        # Per pass, sibling key -> (the key's waiting requests by id, as the index holds them; token position -> the
+        # tokens found there in two or more of those and the key's in-flight requests): `_none_shares_past`.
+        self._repeated: dict[tuple, tuple[Mapping[int, Any], dict[int, set[int]]]] = {}
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -203,6 +206,7 @@ class SchedulingState:
         self._index_fresh = False
         self._nothing_shared = False
         self._known_blocked = {}
+        self._repeated = {}
         self._screen_busy = False
         self._screened = []
         self._forget_landed(round_id)
@@ -390,7 +394,7 @@ class SchedulingState:
                 return False
             hit = limit  # full attention: the match stops at the limit, inside a published node
         last = hit + self.config.min_gain_tokens - 1  # the token a consumer or an adopted request must share
-        if last >= len(tokens):
+        if self._none_shares_past(req, key, tokens, last):
             return True
         others = [*group, *(other for other, _, _ in in_flight.values())] if in_flight else group
         return not any(
@@ -515,9 +519,10 @@ class SchedulingState:
         """SGLang hands `req` to the adder (add_one_req): count it, and the requests screened just before it. Which
         of the adder's checks could change what happens to it, in O(1):
         - MAY_BLOCK: the traversal is on and an open promise could serve its sibling key (or a short promise is open),
-          or a request in flight shares that key (`blocking_promise` may find something);
-        - MAY_PLAN: it is cache-only, or the traversal is on and a sibling waits beside it (`plan` may find a
-          boundary) or producer rows could hold it;
+          or a request in flight shares that key and may share more than its hit (`blocking_promise` may find
+          something);
+        - MAY_PLAN: it is cache-only, or the traversal is on and a sibling waits beside it and may share more than its
+          hit (`plan` may find a boundary), or producer rows could hold it;
         - MAY_FRAGMENT: the fragmentation extension is on.
         PLAIN (none): SGLang's admission alone decides, as the full checks would. Runs for every request the scan
         examines, so it is kept to a few lookups, and in a pass with nothing shared (`index_waiting`) to one test
@@ -533,17 +538,66 @@ class SchedulingState:
         if self.traversal == "native":  # nothing blocks, nothing is planned or held
             return checks
         key = sibling_key(req)  # cached on the request after its first call
-        if self.promises.may_serve(key) or (key is not None and key in self._unlanded):
+        if self.promises.may_serve(key):
             checks |= MAY_BLOCK
+        in_flight = key is not None and key in self._unlanded
         if checks & MAY_PLAN:
-            return checks
+            return checks | MAY_BLOCK if in_flight else checks
         if not self._index_fresh:
             self.index_waiting(self._waiting)
-        if self._index.has_siblings(req, key) or (
-            self._non_producers >= self._producer_hold_from and self._would_hold_for_producers(req)
-        ):
+        siblings = self._index.has_siblings(req, key)
+        if siblings or in_flight:
+            # A consumer of what the tree already holds state-ready: no sibling or in-flight request can serve it, or
+            # be served by it, past its hit (plan_producer and _adopt would find nothing), when none shares the one
+            # token a consumer would have to (position h + min_gain - 1). Proven for the whole group at once. (With
+            # nothing state-ready, siblings share more than that as a rule: no proof is tried.)
+            state_hit = req.prefix_len
+            assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
+            if not state_hit or not self._none_shares_past(
+                req, key, request_tokens(req), state_hit + self.config.min_gain_tokens - 1
+            ):
+                checks |= (MAY_BLOCK if in_flight else PLAIN) | (MAY_PLAN if siblings else PLAIN)
+        if not checks & MAY_PLAN and self._non_producers >= self._producer_hold_from \
+                and self._would_hold_for_producers(req):
             checks |= MAY_PLAN
         return checks
+
+    def _none_shares_past(self, req: Any, key: tuple, tokens: Sequence[int], last: int) -> bool:
+        """Whether no other request with sibling key `key`, waiting or in flight, shares more than `last` tokens with
+        `req` (a waiting request): proven when req's token at index `last` occurs in no other of them. The tokens that
+        occur twice or more at `last` are collected once per key, position and pass (`_repeated_at`), so a group's
+        members cost one set lookup each instead of a comparison with every other member. False: not proven."""
+        if last >= len(tokens):
+            return True  # nothing shares more tokens than it has
+        memo = self._repeated.get(key)
+        if memo is None:
+            if not self._index_fresh:
+                self.index_waiting(self._waiting)
+            memo = self._repeated[key] = (self._index.members(key), {})
+        by_position = memo[1]
+        repeated = by_position.get(last)
+        if repeated is None:
+            repeated = by_position[last] = self._repeated_at(key, memo[0], last)
+        return tokens[last] not in repeated
+
+    def _repeated_at(self, key: tuple, waiting: Mapping[int, Any], last: int) -> set[int]:
+        """The tokens at index `last` of two or more of the requests with sibling key `key` that wait (`waiting`: the
+        index's, which keeps this pass's admissions until it ends) or are in flight. A request admitted later in the pass that the
+        index does not hold (a prefix request) drops the key's sets (`note_admitted`)."""
+        at: dict[int, int] = {}  # by id: a request both waiting and in flight counts once
+        for rid, other in waiting.items():
+            other_tokens = request_tokens(other)
+            if last < len(other_tokens):
+                at[rid] = other_tokens[last]
+        for rid, (other, _, _) in self._unlanded.get(key, {}).items():
+            other_tokens = request_tokens(other)
+            if last < len(other_tokens):
+                at[rid] = other_tokens[last]
+        seen: set[int] = set()
+        repeated: set[int] = set()
+        for token in at.values():
+            (repeated if token in seen else seen).add(token)
+        return repeated
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
@@ -729,9 +783,13 @@ class SchedulingState:
                 group = self._unlanded.get(key)
                 if group is None:
                     group = self._unlanded[key] = {}
+                rid = id(req)
+                repeated = self._repeated.get(key)
+                if repeated is not None and rid not in repeated[0]:
+                    del self._repeated[key]  # in flight now, and counted by none of `_none_shares_past`'s sets
                 end = req.extend_end
                 assert end.__class__ is int, "Req.extend_end is an int once admitted"
-                group[id(req)] = (req, end, current.round_id)
+                group[rid] = (req, end, current.round_id)
         if plan is None:
             self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
             return

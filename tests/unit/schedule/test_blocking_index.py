@@ -189,3 +189,46 @@ def test_index_follows_sglangs_queue_pattern_on_its_fast_path() -> None:
     finally:
         SiblingIndex._diff = original_diff
     assert 0 < diffs < 30  # the irregular steps took the diff, the regular ones the fast path
+
+
+def test_a_request_proven_alone_past_a_position_shares_no_more_with_any_sibling() -> None:
+    """`_none_shares_past`, the group-wide proof that spares a consumer its plan and adoption checks, proves only what
+    holds: no other waiting or in-flight request with its sibling key shares more than `last` tokens with it. Also
+    once a request the index does not hold (a prefix request) goes in flight after the proof was first asked for."""
+    rng = random.Random(11)
+    proven = refuted_by_late = 0
+
+    def tail() -> list[int]:
+        return [rng.randrange(3) for _ in range(rng.randint(0, 4))]  # few values: positions past DOC_A collide
+
+    def admit(sched: SchedulingState, req) -> None:  # noqa: ANN001
+        req.prefix_len, req.extend_end = 0, len(req.origin_input_ids)  # as SGLang's match and admission leave them
+        sched.note_admitted(req, None, 0)
+
+    for trial in range(200):
+        waiting = [make_request(f"w{i}", DOC_A + tail()) for i in range(rng.randint(1, 5))]
+        sched = SchedulingState(RadixFlowConfig(), PublishMode.KV, 1)
+        sched.begin_pass(1, waiting)
+        for req in rng.sample(waiting, rng.randint(0, len(waiting))):
+            admit(sched, req)  # admitted by this pass: still in the index, and in flight
+        others = list(waiting)
+        if rng.random() < 0.5:  # in flight from an earlier pass
+            earlier = make_request("earlier", DOC_A + tail())
+            admit(sched, earlier)
+            others.append(earlier)
+        late = make_request("late", DOC_A + tail())
+        for step in range(2):
+            for req in waiting:
+                tokens = request_tokens(req)
+                key = sibling_key(req)
+                for last in range(len(DOC_A) - 1, len(DOC_A) + 4):
+                    sharing = [o for o in others
+                               if o is not req and shares_more_than(tokens.tobytes(), request_tokens(o), last)]
+                    got = sched._none_shares_past(req, key, tokens, last)
+                    assert not got or not sharing, (trial, step, req.rid, last)
+                    proven += got and last < len(tokens)
+                    refuted_by_late += sharing == [late]  # only the late one: step 0's proof no longer holds
+            if step == 0:
+                admit(sched, late)  # not in the index: the proofs made so far no longer count it
+                others.append(late)
+    assert proven > 100 and refuted_by_late > 10
