@@ -36,7 +36,3 @@ class RoundClock:
     def scheduling(self) -> int:
         """The round being scheduled now: stamps < this value are published."""
         return self.last_launched() + 1
-
-    def is_published(self, stamp: Optional[int]) -> bool:
-        # No stamp: data that entered outside our insert path (e.g. a HiCache load-back); it was computed earlier.
-        return stamp is None or stamp < self.scheduling()

@@ -32,8 +32,16 @@ def _clock(component: object) -> "RoundClock":
 def _published_validator(
     base: Callable[["UnifiedTreeNode"], bool], component_type: object, clock: "RoundClock"
 ) -> Callable[["UnifiedTreeNode"], bool]:
+    # SGLang makes a validator for one match (or one session-leaf walk) and radixflow for one classification or
+    # eviction walk: each runs within one round, so the round being scheduled is read once, not once per node.
+    scheduling = clock.scheduling()
+
     def valid(node: "UnifiedTreeNode") -> bool:
-        return base(node) and clock.is_published(stamp_of(node, component_type))
+        if not base(node):
+            return False
+        stamp = node.component_data[component_type].metadata.get(PUB_ROUND)  # stamp_of, inlined: once per node
+        # No stamp: data that entered outside radixflow's insert path (e.g. a HiCache load-back), computed earlier.
+        return stamp is None or stamp < scheduling
 
     return valid
 
