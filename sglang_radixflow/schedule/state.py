@@ -574,6 +574,8 @@ class SchedulingState:
             if not self._index_fresh:
                 self.index_waiting(self._waiting)
             memo = self._repeated[key] = (self._index.members(key), {})
+        if id(req) not in memo[0]:
+            return False  # counted with the others only when indexed (a request SGLang's queue does not hold)
         by_position = memo[1]
         repeated = by_position.get(last)
         if repeated is None:

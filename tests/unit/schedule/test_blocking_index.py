@@ -194,7 +194,8 @@ def test_index_follows_sglangs_queue_pattern_on_its_fast_path() -> None:
 def test_a_request_proven_alone_past_a_position_shares_no_more_with_any_sibling() -> None:
     """`_none_shares_past`, the group-wide proof that spares a consumer its plan and adoption checks, proves only what
     holds: no other waiting or in-flight request with its sibling key shares more than `last` tokens with it. Also
-    once a request the index does not hold (a prefix request) goes in flight after the proof was first asked for."""
+    once a request the index does not hold (a prefix request) goes in flight after the proof was first asked for, and
+    for a request the index does not hold (nothing proven)."""
     rng = random.Random(11)
     proven = refuted_by_late = 0
 
@@ -217,18 +218,18 @@ def test_a_request_proven_alone_past_a_position_shares_no_more_with_any_sibling(
             admit(sched, earlier)
             others.append(earlier)
         late = make_request("late", DOC_A + tail())
+        stranger = make_request("stranger", DOC_A + tail())  # neither queued nor in flight: counted nowhere
         for step in range(2):
-            for req in waiting:
+            for req in waiting + [late, stranger] * step:
                 tokens = request_tokens(req)
                 key = sibling_key(req)
                 for last in range(len(DOC_A) - 1, len(DOC_A) + 4):
-                    sharing = [o for o in others
+                    sharing = [o for o in others + [late] * step
                                if o is not req and shares_more_than(tokens.tobytes(), request_tokens(o), last)]
                     got = sched._none_shares_past(req, key, tokens, last)
                     assert not got or not sharing, (trial, step, req.rid, last)
                     proven += got and last < len(tokens)
-                    refuted_by_late += sharing == [late]  # only the late one: step 0's proof no longer holds
+                    refuted_by_late += sharing == [late] and req is not late  # step 0's proof no longer holds
             if step == 0:
                 admit(sched, late)  # not in the index: the proofs made so far no longer count it
-                others.append(late)
     assert proven > 100 and refuted_by_late > 10
