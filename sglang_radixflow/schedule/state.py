@@ -584,8 +584,8 @@ class SchedulingState:
 
     def _repeated_at(self, key: tuple, waiting: Mapping[int, Any], last: int) -> set[int]:
         """The tokens at index `last` of two or more of the requests with sibling key `key` that wait (`waiting`: the
-        index's, which keeps this pass's admissions until it ends) or are in flight. A request admitted later in the pass that the
-        index does not hold (a prefix request) drops the key's sets (`note_admitted`)."""
+        index's, which keeps this pass's admissions until it ends) or are in flight. A request admitted later in the
+        pass that the index does not hold (a prefix request) drops the key's sets (`note_admitted`)."""
         at: dict[int, int] = {}  # by id: a request both waiting and in flight counts once
         for rid, other in waiting.items():
             other_tokens = request_tokens(other)
