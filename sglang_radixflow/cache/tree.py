@@ -119,14 +119,24 @@ class RadixFlowCache(UnifiedRadixCache):
         extra_key, cache_salt = namespace
         key = RadixKey(token_ids=tokens, extra_key=extra_key, cache_salt=cache_salt).page_aligned(self.page_size)
         core = self.tree_core
+        page_size = core.page_size
+        raw, total = key.token_ids, len(key)
         node, depth = core.root_node, 0
-        while depth < len(key):
-            child = node.children.get(key.child_key_at(depth, core.page_size))
+        while depth < total:
+            child = node.children.get(key.child_key_at(depth, page_size))
             if child is None:
                 return
-            matched = child.key.match_at(key, depth, page_size=core.page_size)
+            held = child.key
+            whole = len(held)
+            # A node on a shared path usually matches whole: one C-level comparison of its raw tokens instead of
+            # SGLang's search. Equal raw arrays of its length mean a whole match (a node key with a limit or a bigram
+            # view has more raw tokens than its length, never equal); anything else takes SGLang's match_at.
+            if depth + whole <= total and held.token_ids == raw[depth:depth + whole]:
+                matched = whole
+            else:
+                matched = held.match_at(key, depth, page_size=page_size)
             yield child, depth, matched
-            if matched < len(child.key):
+            if matched < whole:
                 return
             node, depth = child, depth + matched
 

@@ -1,6 +1,7 @@
 """RadixFlowCache on real SGLang pools (CPU): published-round stamps, ĥ vs h, and native behaviour otherwise."""
 from __future__ import annotations
 
+from array import array
 import random
 import pytest
 from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -130,3 +131,30 @@ def test_same_results_as_native_unified_radix_cache(components, seed):
         assert native.allocator.available_size() == ours.allocator.available_size(), step
     native.cache.sanity_check()
     ours.cache.sanity_check()
+
+
+@pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
+def test_read_only_walks_find_what_sglangs_match_then_finds(components):
+    """`state_ready_len` and `path_len`, radixflow's read-only walks (the scheduling proofs ask them without matching),
+    answer what SGLang's own match of the same tokens then returns: its state-ready hit and its token hit. Over random
+    trees with splits and evictions, for keys that end inside a node, at a node's end, or past the tree."""
+    ours = CacheDriver(*build(RadixFlowCache, components, kv_size=600, mamba_cache_size=12))
+    namespace = (None, None)
+    inside = 0
+    for seed in range(3):
+        for step, (op, seq) in enumerate(_random_ops(seed)):
+            ours.cache.rf_clock.advance()
+            if op == "insert":
+                need = len(seq) - ours.cache.evictable_size() if ours.allocator.available_size() < len(seq) else 0
+                if need > 0 or (ours.hybrid and ours.pool.mamba_allocator.available_size() < 1):
+                    ours.evict(num_tokens=max(need, 0) + len(seq), mamba_num=1)
+                ours.insert(seq)
+            elif op == "match":
+                raw = array("q", seq)
+                ready, held = ours.cache.state_ready_len(namespace, raw), ours.cache.path_len(namespace, raw)
+                result = ours.match(seq)
+                assert (ready, held) == (result.device_prefix_len, result.full_kv_hit_length), (seed, step)
+                inside += 0 < held < len(seq)
+            else:
+                ours.evict(num_tokens=len(seq))
+    assert inside > 10  # keys that leave the tree part-way were among them
