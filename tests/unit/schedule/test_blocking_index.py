@@ -213,7 +213,7 @@ def test_a_request_proven_alone_past_a_position_shares_no_more_with_any_sibling(
         for req in rng.sample(waiting, rng.randint(0, len(waiting))):
             admit(sched, req)  # admitted by this pass: still in the index, and in flight
         others = list(waiting)
-        if rng.random() < 0.5:  # in flight from an earlier pass
+        if rng.random() < 0.5:  # in flight and not waiting, as if admitted by an earlier pass (counted when asked)
             earlier = make_request("earlier", DOC_A + tail())
             admit(sched, earlier)
             others.append(earlier)
