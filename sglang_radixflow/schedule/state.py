@@ -571,8 +571,7 @@ class SchedulingState:
             return True  # nothing shares more tokens than it has
         memo = self._repeated.get(key)
         if memo is None:
-            if not self._index_fresh:
-                self.index_waiting(self._waiting)
+            assert self._index_fresh, "callers index the queue first (examine, _held_non_producer)"
             memo = self._repeated[key] = (self._index.members(key), {})
         if id(req) not in memo[0]:
             return False  # counted with the others only when indexed (a request SGLang's queue does not hold)

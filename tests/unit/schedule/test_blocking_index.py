@@ -210,6 +210,7 @@ def test_a_request_proven_alone_past_a_position_shares_no_more_with_any_sibling(
         waiting = [make_request(f"w{i}", DOC_A + tail()) for i in range(rng.randint(1, 5))]
         sched = SchedulingState(RadixFlowConfig(), PublishMode.KV, 1)
         sched.begin_pass(1, waiting)
+        sched.index_waiting(waiting)  # as examine does before it asks
         for req in rng.sample(waiting, rng.randint(0, len(waiting))):
             admit(sched, req)  # admitted by this pass: still in the index, and in flight
         others = list(waiting)
