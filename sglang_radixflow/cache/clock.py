@@ -34,5 +34,7 @@ class RoundClock:
         return self._source() if self._source is not None else self._count
 
     def scheduling(self) -> int:
-        """The round being scheduled now: stamps < this value are published."""
-        return self.last_launched() + 1
+        """The round being scheduled now: stamps < this value are published. (Read once per match: last_launched
+        inlined.)"""
+        source = self._source
+        return (source() if source is not None else self._count) + 1

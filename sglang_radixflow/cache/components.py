@@ -30,12 +30,8 @@ def _clock(component: object) -> "RoundClock":
 
 
 def _published_validator(
-    base: Callable[["UnifiedTreeNode"], bool], component_type: object, clock: "RoundClock"
+    base: Callable[["UnifiedTreeNode"], bool], component_type: object, scheduling: int
 ) -> Callable[["UnifiedTreeNode"], bool]:
-    # SGLang makes a validator for one match (or one session-leaf walk) and radixflow for one classification or
-    # eviction walk: each runs within one round, so the round being scheduled is read once, not once per node.
-    scheduling = clock.scheduling()
-
     def valid(node: "UnifiedTreeNode") -> bool:
         if not base(node):
             return False
@@ -46,11 +42,39 @@ def _published_validator(
     return valid
 
 
-class RadixFlowFullComponent(FullComponent):
-    """FULL KV: a path node is a usable match only once the round that computed it has ended."""
+_STATELESS_VALIDATORS = (FullComponent.create_match_validator, MambaComponent.create_match_validator)
+
+
+class _PublishedMatch:
+    """create_match_validator for FULL and MAMBA: SGLang's validator, refused on nodes not yet published.
+
+    SGLang asks for a validator once per match (and radixflow once per classification or eviction walk), each within
+    one round. SGLang's FULL and MAMBA validators are stateless (unlike SWA's, which counts a window along the walk),
+    so the validator of the round being scheduled is made once per round and match mode and reused: a match then
+    costs one read of the round."""
+
+    _rf_validators: Optional[dict] = None  # match_device_only -> (round being scheduled, validator)
 
     def create_match_validator(self, match_device_only: bool = False) -> Callable[["UnifiedTreeNode"], bool]:
-        return _published_validator(super().create_match_validator(match_device_only), self.component_type, _clock(self))
+        try:
+            scheduling = self.cache.rf_clock.scheduling()  # type: ignore[attr-defined]
+        except AttributeError:
+            scheduling = _clock(self).scheduling()  # names what is wrong
+        made = self._rf_validators
+        if made is None:
+            made = self._rf_validators = {}
+        entry = made.get(match_device_only)
+        if entry is not None and entry[0] == scheduling:
+            return entry[1]
+        base = super().create_match_validator  # type: ignore[misc]
+        assert base.__func__ in _STATELESS_VALIDATORS, "SGLang's validator below must be stateless to be reused"
+        valid = _published_validator(base(match_device_only), self.component_type, scheduling)
+        made[match_device_only] = (scheduling, valid)
+        return valid
+
+
+class RadixFlowFullComponent(_PublishedMatch, FullComponent):
+    """FULL KV: a path node is a usable match only once the round that computed it has ended."""
 
     def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:  # noqa: ANN001
         super().commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
@@ -68,11 +92,8 @@ class RadixFlowFullComponent(FullComponent):
             new_parent.component_data[self.component_type].metadata[PUB_ROUND] = stamp
 
 
-class RadixFlowMambaComponent(MambaComponent):
+class RadixFlowMambaComponent(_PublishedMatch, MambaComponent):
     """MAMBA state snapshots: stamped when committed to a node, usable from the next round on."""
-
-    def create_match_validator(self, match_device_only: bool = False) -> Callable[["UnifiedTreeNode"], bool]:
-        return _published_validator(super().create_match_validator(match_device_only), self.component_type, _clock(self))
 
     def commit_insert_component_data(self, node, is_new_leaf, params, result, cache_actions) -> None:  # noqa: ANN001
         ct = self.component_type
