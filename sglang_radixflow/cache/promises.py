@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from array import array
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Iterator, Optional, Sequence
+from typing import Hashable, Iterable, Iterator, Mapping, Optional, Sequence
 
 
 class PromiseState(enum.Enum):
@@ -124,6 +124,11 @@ class PromiseTable:
         """Whether any open promise could serve a request whose head_key is `head_key` (`candidates` is not empty):
         O(1), for the scan's common case of a request nothing is promised to."""
         return bool(self._short) or (head_key is not None and head_key in self._by_head)
+
+    def serving_index(self) -> tuple[Mapping[tuple, list[Promise]], Sequence[Promise]]:
+        """Live read-only views of what `may_serve` reads (open promises by head key, the short ones), for a caller
+        that inlines its test: they change as promises open and close, and are never replaced."""
+        return self._by_head, self._short
 
     def _head_key_of(self, promise: Promise) -> Optional[tuple]:
         return self.head_key(promise.namespace, promise.tokens)

@@ -21,6 +21,7 @@ from sglang_radixflow.schedule.admission import AdmissionGate
 from sglang_radixflow.schedule.producers import (
     INDEX_PREFIX,
     ProducerPlan,
+    SIBLING_KEY,
     PublishMode,
     SiblingIndex,
     is_cache_only,
@@ -34,6 +35,7 @@ from sglang_radixflow.schedule.producers import (
 )
 
 logger = logging.getLogger("sglang_radixflow")
+assert SIBLING_KEY == "rf_sibling_key", "examine reads sibling_key's per-request cache by this name"
 DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: rounds this request was deferred as Blocked
 SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
 SLOT_WAIT_FACTOR = 4  # slot waits are bounded at this multiple of max_defer_rounds (the slot frees every round)
@@ -161,6 +163,9 @@ class SchedulingState:
         # Per pass, sibling key -> (the key's waiting requests by id, as the index holds them; token position -> the
         # tokens found there in two or more of those and the key's in-flight requests): `_none_shares_past`.
         self._repeated: dict[tuple, tuple[Mapping[int, Any], dict[int, set[int]]]] = {}
+        # `examine` reads these for every request: the promise table's live index (may_serve, inlined) and min_gain - 1.
+        self._promised_heads, self._short_promises = self.promises.serving_index()
+        self._min_gain_less_one = config.min_gain_tokens - 1
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -537,10 +542,13 @@ class SchedulingState:
             checks |= MAY_PLAN
         if self.traversal == "native":  # nothing blocks, nothing is planned or held
             return checks
-        key = sibling_key(req)  # cached on the request after its first call
-        if self.promises.may_serve(key):
+        try:
+            key = req.rf_sibling_key  # sibling_key's per-request cache, read inline: the common case
+        except AttributeError:
+            key = sibling_key(req)
+        if self._short_promises or key in self._promised_heads:  # promises.may_serve, inlined
             checks |= MAY_BLOCK
-        in_flight = key is not None and key in self._unlanded
+        in_flight = key in self._unlanded  # (None is never a key of either table)
         if checks & MAY_PLAN:
             return checks | MAY_BLOCK if in_flight else checks
         if not self._index_fresh:
@@ -553,20 +561,21 @@ class SchedulingState:
             # nothing state-ready, siblings share more than that as a rule: no proof is tried.)
             state_hit = req.prefix_len
             assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
-            if not state_hit or not self._none_shares_past(
-                req, key, request_tokens(req), state_hit + self.config.min_gain_tokens - 1
-            ):
+            if not state_hit or not self._none_shares_past(req, key, None, state_hit + self._min_gain_less_one):
                 checks |= (MAY_BLOCK if in_flight else PLAIN) | (MAY_PLAN if siblings else PLAIN)
         if not checks & MAY_PLAN and self._non_producers >= self._producer_hold_from \
                 and self._would_hold_for_producers(req):
             checks |= MAY_PLAN
         return checks
 
-    def _none_shares_past(self, req: Any, key: tuple, tokens: Sequence[int], last: int) -> bool:
+    def _none_shares_past(self, req: Any, key: tuple, tokens: Optional[Sequence[int]], last: int) -> bool:
         """Whether no other request with sibling key `key`, waiting or in flight, shares more than `last` tokens with
-        `req` (a waiting request): proven when req's token at index `last` occurs in no other of them. The tokens that
-        occur twice or more at `last` are collected once per key, position and pass (`_repeated_at`), so a group's
-        members cost one set lookup each instead of a comparison with every other member. False: not proven."""
+        `req` (a waiting request; `tokens`: its request_tokens, None to read them here): proven when req's token at
+        index `last` occurs in no other of them. The tokens that occur twice or more at `last` are collected once per
+        key, position and pass (`_repeated_at`), so a group's members cost one set lookup each instead of a comparison
+        with every other member. False: not proven."""
+        if tokens is None:  # request_tokens' common case (no output yet) inlined: one token is read, of any sequence
+            tokens = request_tokens(req) if req.output_ids else req.origin_input_ids
         if last >= len(tokens):
             return True  # nothing shares more tokens than it has
         memo = self._repeated.get(key)
@@ -587,13 +596,15 @@ class SchedulingState:
         pass that the index does not hold (a prefix request) drops the key's sets (`note_admitted`)."""
         at: dict[int, int] = {}  # by id: a request both waiting and in flight counts once
         for rid, other in waiting.items():
-            other_tokens = request_tokens(other)
+            # request_tokens' common case (no output yet) inlined: one token is read, of any sequence
+            other_tokens = request_tokens(other) if other.output_ids else other.origin_input_ids
             if last < len(other_tokens):
                 at[rid] = other_tokens[last]
         for rid, (other, _, _) in self._unlanded.get(key, {}).items():
-            other_tokens = request_tokens(other)
-            if last < len(other_tokens):
-                at[rid] = other_tokens[last]
+            if rid not in at:  # admitted by this pass: counted as waiting already
+                other_tokens = request_tokens(other)
+                if last < len(other_tokens):
+                    at[rid] = other_tokens[last]
         seen: set[int] = set()
         repeated: set[int] = set()
         for token in at.values():
@@ -779,7 +790,10 @@ class SchedulingState:
         # or under keys other than its token ids.
         if self._tracks_in_flight and req.session is None and not req.skip_radix_cache_insert \
                 and req.multimodal_inputs is None and req.input_embeds is None:
-            key = sibling_key(req)
+            try:
+                key = req.rf_sibling_key  # sibling_key's per-request cache, read inline (examine read it)
+            except AttributeError:
+                key = sibling_key(req)
             if key is not None:
                 group = self._unlanded.get(key)
                 if group is None:
