@@ -97,16 +97,18 @@ class RadixFlowPrefillAdder(PrefillAdder):
     _rf_producer: Any = None  # while a prefix request is selected: its producer (the request the scan holds)
     _rf_producer_plan: Optional[ProducerPlan] = None  # and the producer's plan
     _rf_cut_held: bool = False  # the request being added was held by chunk_last (the scan offers it again)
-    _rf_has_chunked: bool = False  # add_one_req's arguments in this pass (SGLang passes the same ones every time)
+    # add_one_req's arguments in this pass (SGLang passes the same ones every time), recorded for the requests it
+    # checks and at a chunked admission: what the verdicts past PLAIN read
+    _rf_has_chunked: bool = False
     _rf_align: Optional[int] = None
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
         # Runs for every request the scan examines: the common case (nothing open on its sibling key, no sibling
         # waiting: PLAIN) is kept to a few lookups on top of SGLang's own add_one_req.
         sched = self.tree_cache.rf_sched
-        self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
         checks = sched.examine(req)
         if checks:
+            self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
             plan = self._checked(req, sched, checks, has_chunked_req, truncation_align_size)
             if plan.__class__ is AddReqResult:
                 return plan
@@ -120,8 +122,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
             result = PrefillAdder.add_one_req(self, req, has_chunked_req, truncation_align_size)
         can_run = self.can_run_list
         if can_run and can_run[-1] is req:
-            # the hit of this pass's match (init_next_round_input); add_one_req does not match again
-            sched.note_admitted(req, plan, token_hit(req))
+            # the hit of this pass's match (init_next_round_input; token_hit inlined); add_one_req does not match again
+            sched.note_admitted(req, plan, getattr(req, REQ_TOKEN_HIT, 0))
         elif self._rf_cut_held:
             self._rf_cut_held = False
             release_staged(req, self.tree_cache)
@@ -287,6 +289,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         if admission.__class__ is AddReqResult:
             return admission
         if admission.is_chunked:
+            # what _holds_cut and _provably_cut read (add_one_req records them only for requests it checks)
+            self._rf_has_chunked, self._rf_align = has_chunked_req, truncation_align_size
             if self.new_chunked_req is not None or has_chunked_req:
                 # SGLang tracks ONE chunked request per pass. Natively a chunk always spends the rest of the budget, so
                 # a second one never arises; after a chunk cut at a producer boundary budget is left, and a second

@@ -96,8 +96,7 @@ class SiblingIndex:
     Invariant: when `_order` is not None, the members are exactly the requests in `_order`."""
 
     def __init__(self, waiting: Iterable[Any] = ()) -> None:
-        self._members: dict[int, Any] = {}
-        self._key_of: dict[int, Optional[tuple]] = {}
+        self._members: dict[int, tuple[Any, Optional[tuple]]] = {}  # id -> (request, its sibling key when indexed)
         self._groups: dict[tuple, dict[int, Any]] = {}
         self._shared = 0  # groups with two members or more
         self._cache_only: set[int] = set()  # members that plan alone (is_cache_only)
@@ -119,11 +118,11 @@ class SiblingIndex:
         """`gone` left the queue (admitted by a pass) and `remaining` is SGLang's queue now. The snapshot moves to
         `remaining` only when the counts prove it is the indexed queue less `gone`; otherwise the next refresh
         diffs."""
-        members, key_of, groups = self._members, self._key_of, self._groups
-        for req in gone:  # `_remove`, inlined: runs for every request a pass admits
-            rid = id(req)
-            if members.pop(rid, None) is not None:
-                key = key_of.pop(rid)
+        members, groups = self._members, self._groups
+        for rid in map(id, gone):  # `_remove`, inlined: runs for every request a pass admits
+            member = members.pop(rid, None)
+            if member is not None:
+                key = member[1]
                 if key is not None:
                     group = groups[key]
                     del group[rid]
@@ -151,8 +150,8 @@ class SiblingIndex:
 
     def _add(self, req: Any) -> None:
         rid = id(req)
-        self._members[rid] = req
-        key = self._key_of[rid] = sibling_key(req)
+        key = sibling_key(req)
+        self._members[rid] = (req, key)
         if key is not None:
             group = self._groups.setdefault(key, {})
             group[rid] = req
@@ -162,9 +161,8 @@ class SiblingIndex:
             self._cache_only.add(rid)
 
     def _remove(self, rid: int) -> None:
-        del self._members[rid]
+        _, key = self._members.pop(rid)
         self._cache_only.discard(rid)
-        key = self._key_of.pop(rid)
         if key is not None:
             group = self._groups[key]
             del group[rid]
@@ -181,10 +179,10 @@ class SiblingIndex:
             not unlanded or unlanded.keys().isdisjoint(self._groups.keys())
         )
 
-    def has_siblings(self, req: Any, key: Optional[tuple]) -> bool:
-        """Whether another indexed request shares `req`'s sibling key `key` (`siblings` is not empty), in O(1)."""
-        group = self._groups.get(key)  # None (no key) is never a key; groups are never left empty
-        return group is not None and (len(group) > 1 or id(req) not in group)
+    def groups_view(self) -> Mapping[tuple, Mapping[int, Any]]:
+        """The indexed requests by sibling key, then by id: a live read-only view (never replaced), for a caller that
+        tests membership inline. None (no key) is never a key; a group is never left empty."""
+        return self._groups
 
     def members(self, key: tuple) -> Mapping[int, Any]:
         """The indexed requests with sibling key `key`, by id (empty if none). A read-only view of the index."""

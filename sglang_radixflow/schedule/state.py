@@ -6,6 +6,7 @@ One instance per RadixFlowCache (one per scheduler / TP rank). Every decision re
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -53,6 +54,17 @@ CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that offered it last
 FRAG_SKIPS = "rf_fragment_skips"  # per-request attribute: rounds it was deferred to avoid a small fragment
 FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
 NEVER = float("inf")  # a threshold no count reaches
+
+
+_QUEUE_ENTRY_TIME = operator.attrgetter("time_stats.wait_queue_entry_time")
+
+
+def first_selection_waits(began: float, admitted: Sequence[Any]) -> list[float]:
+    """Seconds from entering SGLang's waiting queue (perf_counter) to the pass that began at `began` and selected
+    them, for the admitted requests that recorded an entry (0 when the clock read at `began` was earlier). The
+    entry times are read in C (one attribute chain per request), outside note_admitted's per-request work."""
+    return [began - entered if entered < began else 0.0
+            for entered in map(_QUEUE_ENTRY_TIME, admitted) if entered and entered > 0.0]
 
 
 @dataclass
@@ -113,6 +125,7 @@ class SchedulingState:
         self.current: Optional[PassStats] = None
         self._pass_began = 0.0  # perf_counter at begin_pass: the first-selection time of the requests it admits
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
+        self._sibling_groups = self._index.groups_view()  # read by `examine` for every request
         self._index_fresh = False
         # Nothing shared in this pass (decided when the pass indexes the queue, `index_waiting`): every request the
         # scan examines is PLAIN until a promise is registered or producer rows could hold one (`examine`).
@@ -239,6 +252,8 @@ class SchedulingState:
 
     def end_pass(self) -> Optional[PassStats]:
         stats, self.current = self.current, None
+        if stats is not None and stats.admitted_reqs:
+            stats.first_selection_wait_s = first_selection_waits(self._pass_began, stats.admitted_reqs)
         self._waiting = []
         self._nothing_shared = False
         self._known_blocked = {}
@@ -553,7 +568,8 @@ class SchedulingState:
             return checks | MAY_BLOCK if in_flight else checks
         if not self._index_fresh:
             self.index_waiting(self._waiting)
-        siblings = self._index.has_siblings(req, key)
+        group = self._sibling_groups.get(key)  # another indexed request shares its key: in O(1), inlined
+        siblings = group is not None and (len(group) > 1 or id(req) not in group)
         if siblings or in_flight:
             # A consumer of what the tree already holds state-ready: no sibling or in-flight request can serve it, or
             # be served by it, past its hit (plan_producer and _adopt would find nothing), when none shares the one
@@ -605,9 +621,13 @@ class SchedulingState:
                 other_tokens = request_tokens(other)
                 if last < len(other_tokens):
                     at[rid] = other_tokens[last]
-        seen: set[int] = set()
+        tokens = list(at.values())
+        seen = set(tokens)
+        if len(seen) == len(tokens):
+            return set()  # every token once: the common case, decided in C
+        seen.clear()
         repeated: set[int] = set()
-        for token in at.values():
+        for token in tokens:
             (repeated if token in seen else seen).add(token)
         return repeated
 
@@ -775,10 +795,6 @@ class SchedulingState:
         assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
         current.token_hit_sum += token_hit
         current.state_hit_sum += state_hit
-        entered = req.time_stats.wait_queue_entry_time or 0.0
-        if entered > 0.0:  # selected by the pass that began at _pass_began (one clock read per pass)
-            wait = self._pass_began - entered
-            current.first_selection_wait_s.append(wait if wait > 0.0 else 0.0)
         if req.customized_info is None:  # note_admitted_meta's common case: nothing else uses SGLang's channel
             req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
         else:
