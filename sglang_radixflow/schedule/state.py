@@ -5,6 +5,8 @@ One instance per RadixFlowCache (one per scheduler / TP rank). Every decision re
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import operator
 import time
@@ -57,14 +59,15 @@ NEVER = float("inf")  # a threshold no count reaches
 
 
 _QUEUE_ENTRY_TIME = operator.attrgetter("time_stats.wait_queue_entry_time")
+_POSITIVE = functools.partial(operator.lt, 0.0)
 
 
 def first_selection_waits(began: float, admitted: Sequence[Any]) -> list[float]:
     """Seconds from entering SGLang's waiting queue (perf_counter) to the pass that began at `began` and selected
-    them, for the admitted requests that recorded an entry (0 when the clock read at `began` was earlier). The
-    entry times are read in C (one attribute chain per request), outside note_admitted's per-request work."""
-    return [began - entered if entered < began else 0.0
-            for entered in map(_QUEUE_ENTRY_TIME, admitted) if entered and entered > 0.0]
+    them, for the admitted requests that recorded an entry (0 when the clock read at `began` was earlier). Computed
+    in C, whatever the number of requests (once per pass, instead of in note_admitted's per-request work)."""
+    entered = filter(_POSITIVE, filter(None, map(_QUEUE_ENTRY_TIME, admitted)))  # no entry: 0.0 (or None)
+    return list(map(max, map(operator.sub, itertools.repeat(began), entered), itertools.repeat(0.0)))
 
 
 @dataclass
