@@ -29,6 +29,7 @@ Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
                                            [--slot-wait] [--in-flight] [--producer-rows R] [--chunk-last 0|1]
     python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
     python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
+    python scripts/bench_sched_overhead.py --bytecodes 1000 --queue consumers   # bytecodes of one pass (deterministic)
     python scripts/bench_sched_overhead.py --drain 1000       # every pass until a queue of 1000 drains
     python scripts/bench_sched_overhead.py --drain 1000 --profile 0   # ... radixflow's code vs SGLang's in it
 
@@ -41,6 +42,7 @@ processed before the next pass): passes, total pass CPU, CPU per request served,
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import gc
 import importlib
@@ -276,6 +278,7 @@ OWN_CODE: tuple[tuple[str, Optional[str], str], ...] = (
     ("sglang_radixflow.schedule.adder", "RadixFlowPrefillAdder", "_select_prefill_admission"),
     ("sglang_radixflow.cache.tree", "RadixFlowCache", "match_prefix"),
 )
+OWN_PACKAGE = "sglang_radixflow/"  # source files of radixflow's own code (--bytecodes)
 # Overrides that call back into SGLang: their SGLang part is timed separately and subtracted.
 SUPERS = {
     "RadixFlowPrefillAdder._select_prefill_admission": (
@@ -349,6 +352,46 @@ def breakdown(config: str, n: int, repeats: int, variant: str = "rf+flex") -> No
     print(f"  {'SGLang code in the ' + variant + ' pass':52} {stat(variant, 'sglang')}")
     for v in samples:
         print(f"  {sglang_visit + ' (' + v + ')':52} {stat(v, sglang_visit)}   x{counts[v][sglang_visit]}")
+
+
+def count_bytecodes(config: str, variant: str, n: int) -> tuple[int, collections.Counter]:
+    """(Python bytecodes executed in one steady pass at size n, radixflow's own by function): a deterministic count,
+    steadier than CPU time between sittings (`sys.settrace` with `f_trace_opcodes`; builtins and C code count
+    nothing). Two untimed passes first warm the same code paths."""
+    with model_free():
+        for _ in range(2):
+            one_pass(prepared(config, variant, n, steady=True))
+        h = prepared(config, variant, n, steady=True)
+        own: collections.Counter = collections.Counter()
+        total = [0]
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            frame.f_trace_opcodes = True
+            if event == "opcode":
+                total[0] += 1
+                code = frame.f_code
+                if OWN_PACKAGE in code.co_filename:
+                    own[f"{code.co_filename.rsplit(OWN_PACKAGE, 1)[1]}:{code.co_name}"] += 1
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            one_pass(h)
+        finally:
+            sys.settrace(None)
+    return total[0], own
+
+
+def bytecodes(config: str, n: int, variant: str = "rf+flex", top: int = 12) -> None:
+    """`--bytecodes N`: one steady pass's bytecodes, native against `variant`, and radixflow's own busiest functions.
+    (The native pass runs radixflow's cache too: the `sglang` arm's, as in every table here.)"""
+    base, base_own = count_bytecodes(config, "native", n)
+    total, own = count_bytecodes(config, variant, n)
+    print(f"\nbytecodes of one steady pass ({config}, {QUEUE[0]} queue, N={n}): native {base / 1e3:.1f}k "
+          f"(radixflow's cache and hooks in it {sum(base_own.values()) / 1e3:.1f}k), {variant} {total / 1e3:.1f}k "
+          f"({total / base:.3f}x; radixflow's own code {sum(own.values()) / 1e3:.1f}k)")
+    for name, count in own.most_common(top):
+        print(f"  {count:8d}  {name}")
 
 
 @dataclass
@@ -463,6 +506,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
     ap.add_argument("--profile", type=int, default=None, metavar="N",
                     help="cProfile the radixflow pass at size N (with --drain: split the drain's CPU, N unused)")
+    ap.add_argument("--bytecodes", type=int, default=None, metavar="N",
+                    help="count the Python bytecodes of one steady pass at size N (native and rf+flex)")
     ap.add_argument("--drain", type=int, default=None, metavar="N",
                     help="time every pass while a queue of N requests drains (rounds run in between)")
     ap.add_argument("--mamba-slots", type=int, default=MAMBA_SLOTS[0],
@@ -494,6 +539,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.breakdown is not None:
         for config in args.config:
             breakdown(config, args.breakdown, args.repeats)
+        return 0
+    if args.bytecodes is not None:
+        for config in args.config:
+            bytecodes(config, args.bytecodes)
         return 0
     table(args.config, args.sizes, args.repeats, steady=True)
     if args.cold:
