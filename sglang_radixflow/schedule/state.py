@@ -23,8 +23,8 @@ from sglang_radixflow.observe.trace import TraceWriter
 from sglang_radixflow.schedule.admission import AdmissionGate
 from sglang_radixflow.schedule.producers import (
     INDEX_PREFIX,
-    ProducerPlan,
     SIBLING_KEY,
+    ProducerPlan,
     PublishMode,
     SiblingIndex,
     is_cache_only,
