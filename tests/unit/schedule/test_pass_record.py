@@ -15,7 +15,7 @@ DOC = list(range(5_000, 5_300))
 
 
 @pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
-def test_the_pass_record_sums_hits_and_times_first_selection(components) -> None:
+def test_the_pass_record_sums_hits_and_times_first_selection(components: tuple) -> None:
     h = PassHarness(components, token_budget=4096, rows=8, kv_size=16384)
     CacheDriver(h.cache, h.allocator, h.pool).insert(DOC)  # with a state at its end on the hybrid
     h.forward_ct += 1  # the inserting round has ended: the document is published
