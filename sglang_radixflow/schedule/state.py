@@ -179,9 +179,13 @@ class SchedulingState:
         # Per pass, sibling key -> (the key's waiting requests by id, as the index holds them; token position -> the
         # tokens found there in two or more of those and the key's in-flight requests): `_none_shares_past`.
         self._repeated: dict[tuple, tuple[Mapping[int, Any], dict[int, set[int]]]] = {}
-        # `examine` reads these for every request: the promise table's live index (may_serve, inlined) and min_gain - 1.
+        self._read_per_pass()
+
+    def _read_per_pass(self) -> None:
+        """What `examine` reads for every request, taken once per pass (the table and the config may be replaced
+        between passes): the promise table's live index (`may_serve`, inlined) and min_gain - 1."""
         self._promised_heads, self._short_promises = self.promises.serving_index()
-        self._min_gain_less_one = config.min_gain_tokens - 1
+        self._min_gain_less_one = self.config.min_gain_tokens - 1
 
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def disable_traversal(self, reason: str) -> None:
@@ -204,6 +208,7 @@ class SchedulingState:
     def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None,
                    token_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
+        self._read_per_pass()
         self.current = PassStats(round_id=round_id, waiting=len(waiting))
         self._pass_began = time.perf_counter()
         self._waiting = waiting

@@ -16,7 +16,7 @@ from sglang_radixflow.schedule.producers import (
     request_tokens,
     sibling_key,
 )
-from sglang_radixflow.schedule.state import SchedulingState
+from sglang_radixflow.schedule.state import MAY_BLOCK, PLAIN, SchedulingState
 from tests.unit.schedule.harness import make_request
 
 DOC_A = list(range(1000, 1300))
@@ -99,6 +99,20 @@ def test_index_follows_the_table() -> None:
     promise_for(sched, producer, len(DOC_A))
     sched.promises = PromiseTable()  # a replaced table is not served from the old index
     assert sched.blocking_promise(consumer) is None
+
+
+def test_examine_reads_the_promise_table_of_its_pass() -> None:
+    """`examine` takes the table's index once per pass: a table replaced between passes is the one its next pass
+    reads (a promise open there on the consumer's key may block it)."""
+    sched = state()
+    producer, consumer = make_request("p", DOC_A + [7]), make_request("c", DOC_A + [8])
+    assert sched.examine(consumer) == PLAIN
+    sched.end_pass()
+    sched.promises = PromiseTable(head_len=INDEX_PREFIX)
+    promise_for(sched, producer, len(DOC_A))
+    sched.begin_pass(2, [consumer])
+    assert sched.examine(consumer) & MAY_BLOCK
+    assert sched.blocking_promise(consumer) is next(sched.promises.open_promises())
 
 
 def test_longest_common_prefix_matches_a_naive_scan() -> None:
