@@ -184,6 +184,11 @@ class SiblingIndex:
         tests membership inline. None (no key) is never a key; a group is never left empty."""
         return self._groups
 
+    def indexed_view(self) -> Mapping[int, Any]:
+        """The indexed requests by id (to (request, sibling key)): a live read-only view (never replaced), for a
+        caller that tests membership inline."""
+        return self._members
+
     def members(self, key: tuple) -> Mapping[int, Any]:
         """The indexed requests with sibling key `key`, by id (empty if none). A read-only view of the index."""
         return self._groups.get(key) or {}

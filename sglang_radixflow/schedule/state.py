@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from sglang_radixflow.cache.promises import (
     Promise, PromiseTable, as_tokens, common_prefix_with, tokens_share_more_than,
 )
+from sglang_radixflow.cache.tree import REQ_TOKEN_HIT
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.observe.meta import META_STATE_HIT, META_TOKEN_HIT, note_admitted_meta
 from sglang_radixflow.observe.rounds import RoundRecorder
@@ -60,6 +61,21 @@ NEVER = float("inf")  # a threshold no count reaches
 
 _QUEUE_ENTRY_TIME = operator.attrgetter("time_stats.wait_queue_entry_time")
 _POSITIVE = functools.partial(operator.lt, 0.0)
+
+
+_EXTEND_END = operator.attrgetter("extend_end")
+_PREFIX_LEN = operator.attrgetter("prefix_len")
+_SKIPS_TREE = operator.attrgetter("skip_radix_cache_insert")
+_UNKEYED = object()  # a request whose sibling key was never taken (no cached key)
+
+
+def lands_under_token_ids(reqs: list[Any]) -> list[Any]:
+    """The requests whose KV enters the tree under their token ids (no session, no multimodal or embedding input, not
+    barred from the tree), in C: those an in-flight sibling can adopt."""
+    for name in ("session", "multimodal_inputs", "input_embeds"):
+        reqs = list(itertools.compress(reqs, map(operator.is_, map(operator.attrgetter(name), reqs),
+                                                 itertools.repeat(None))))
+    return list(itertools.compress(reqs, map(operator.not_, map(_SKIPS_TREE, reqs))))
 
 
 def first_selection_waits(began: float, admitted: Sequence[Any]) -> list[float]:
@@ -129,6 +145,7 @@ class SchedulingState:
         self._pass_began = 0.0  # perf_counter at begin_pass: the first-selection time of the requests it admits
         self._index = SiblingIndex()  # persistent: each pass only indexes what arrived / drops what left
         self._sibling_groups = self._index.groups_view()  # read by `examine` for every request
+        self._indexed = self._index.indexed_view()  # read by `note_admitted` for every request
         self._index_fresh = False
         # Nothing shared in this pass (decided when the pass indexes the queue, `index_waiting`): every request the
         # scan examines is PLAIN until a promise is registered or producer rows could hold one (`examine`).
@@ -176,6 +193,7 @@ class SchedulingState:
         # just after its producer's pass would recompute the prefix in flight; it adopts that request as its producer
         # instead (`_adopt`).
         self._unlanded: dict[tuple, dict[int, tuple[Any, int, int]]] = {}
+        self._unshared_admitted: list[Any] = []  # this pass's, admitted while nothing was shared: tracked at end_pass
         # Per pass, sibling key -> (the key's waiting requests by id, as the index holds them; token position -> the
         # tokens found there in two or more of those and the key's in-flight requests): `_none_shares_past`.
         self._repeated: dict[tuple, tuple[Mapping[int, Any], dict[int, set[int]]]] = {}
@@ -261,7 +279,16 @@ class SchedulingState:
     def end_pass(self) -> Optional[PassStats]:
         stats, self.current = self.current, None
         if stats is not None and stats.admitted_reqs:
-            stats.first_selection_wait_s = first_selection_waits(self._pass_began, stats.admitted_reqs)
+            admitted = stats.admitted_reqs
+            stats.first_selection_wait_s = first_selection_waits(self._pass_began, admitted)
+            # ĥ and h of the pass's matches (SGLang matches a request once per pass; nothing after the adder moves
+            # its prefix_len before the round runs)
+            stats.token_hit_sum = sum(map(getattr, admitted, itertools.repeat(REQ_TOKEN_HIT), itertools.repeat(0)))
+            stats.state_hit_sum = sum(map(_PREFIX_LEN, admitted))
+        if self._unshared_admitted:
+            assert stats is not None
+            self._track_unshared(self._unshared_admitted, stats.round_id)
+            self._unshared_admitted = []
         self._waiting = []
         self._nothing_shared = False
         self._known_blocked = {}
@@ -796,24 +823,46 @@ class SchedulingState:
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
         # Runs for every admitted request: kept to plain statements (the pass's own cost, bench_sched_overhead.py).
+        # (The pass's sums of ĥ and h are taken at end_pass, in C.)
         current = self.current
         self._hold_run = 0  # admitted (a whole request; past S - R rows a producer): the run of held ones is broken
         current.admitted_reqs.append(req)
-        state_hit = req.prefix_len
-        assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
-        current.token_hit_sum += token_hit
-        current.state_hit_sum += state_hit
         if req.customized_info is None:  # note_admitted_meta's common case: nothing else uses SGLang's channel
+            state_hit = req.prefix_len
+            assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
             req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
         else:
-            note_admitted_meta(req, token_hit, state_hit)
+            note_admitted_meta(req, token_hit, req.prefix_len)
         # In flight, a waiting sibling may adopt it (`_adopt`): its KV up to the end of this round's extend (on
         # extra_buffer hybrids also the one state SGLang snapshots inside it) enters the tree when its results are
         # processed (`on_landed`). Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state
-        # only where it ends, past what its siblings share. Not for a request whose KV lands elsewhere or not at all,
-        # or under keys other than its token ids.
-        if self._tracks_in_flight and req.session is None and not req.skip_radix_cache_insert \
-                and req.multimodal_inputs is None and req.input_embeds is None:
+        # only where it ends, past what its siblings share.
+        if self._tracks_in_flight:
+            if self._nothing_shared and id(req) in self._indexed:
+                # No other waiting request has its sibling key (index_waiting): none adopts it in this pass. Tracked
+                # with the pass's other such admissions at end_pass, in C (`_track_unshared`).
+                self._unshared_admitted.append(req)
+            else:
+                self._track_in_flight(req, current.round_id)
+        if plan is None:
+            self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
+            return
+        if plan.mode is PublishMode.CHUNK_END and req.extend_end > plan.boundary:
+            return  # its chunk passed b (no chunk slot): no state at b, no promise
+        if plan.mode is PublishMode.TRACK:
+            req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
+        tokens = request_tokens(req)
+        promises = self._register(req, tokens, plan)
+        self.current.producers += 1
+        if self.traversal == "skip" and req.token_indices_to_pool is None:
+            promises[0].consumers = self._consumers(plan)
+            self._mark_consumers(req, tokens, promises[0], token_hit)
+
+    def _track_in_flight(self, req: Any, round_id: int) -> None:
+        """Track an admitted request in flight (`_unlanded`) for adoption. Not one whose KV lands elsewhere or not at
+        all (`lands_under_token_ids`), or has no sibling key."""
+        if req.session is None and not req.skip_radix_cache_insert and req.multimodal_inputs is None \
+                and req.input_embeds is None:
             try:
                 key = req.rf_sibling_key  # sibling_key's per-request cache, read inline (examine read it)
             except AttributeError:
@@ -828,20 +877,25 @@ class SchedulingState:
                     del self._repeated[key]  # in flight now, and counted by none of `_none_shares_past`'s sets
                 end = req.extend_end
                 assert end.__class__ is int, "Req.extend_end is an int once admitted"
-                group[rid] = (req, end, current.round_id)
-        if plan is None:
-            self._non_producers += 1  # producer rows: S - R of these before Ready ones are held
-            return
-        if plan.mode is PublishMode.CHUNK_END and req.extend_end > plan.boundary:
-            return  # its chunk passed b (no chunk slot): no state at b, no promise
-        if plan.mode is PublishMode.TRACK:
-            req.mamba_branching_seqlen = plan.boundary  # read by prepare_for_extend, after admission
-        tokens = request_tokens(req)
-        promises = self._register(req, tokens, plan)
-        self.current.producers += 1
-        if self.traversal == "skip" and req.token_indices_to_pool is None:
-            promises[0].consumers = self._consumers(plan)
-            self._mark_consumers(req, tokens, promises[0], token_hit)
+                group[rid] = (req, end, round_id)
+
+    def _track_unshared(self, reqs: list[Any], round_id: int) -> None:
+        """`_track_in_flight` for indexed requests admitted while nothing was shared, in C: their sibling keys are
+        distinct and none is in `_unlanded` (index_waiting's proof), so each starts a group of its own. Where that
+        does not hold (a key never cached), each is tracked on its own."""
+        reqs = lands_under_token_ids(reqs)
+        keys = list(map(getattr, reqs, itertools.repeat(SIBLING_KEY), itertools.repeat(_UNKEYED)))
+        ends = list(map(_EXTEND_END, reqs))
+        assert set(map(type, ends)) <= {int}, "Req.extend_end is an int once admitted"
+        entries = zip(map(id, reqs), zip(reqs, ends, itertools.repeat(round_id)))
+        groups = dict(zip(keys, map(dict, zip(entries))))  # key -> {id: (request, extend end, round)}
+        groups.pop(None, None)
+        if _UNKEYED not in groups and len(groups) + keys.count(None) == len(keys) \
+                and groups.keys().isdisjoint(self._unlanded.keys()):
+            self._unlanded.update(groups)
+        else:
+            for req in reqs:
+                self._track_in_flight(req, round_id)
 
     def note_continuation(self, req: Any) -> None:
         """SGLang continues its chunked request in this pass. Requests that arrived after it was planned may share its

@@ -13,7 +13,8 @@ from unittest import mock
 import pytest
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
-from sglang_radixflow.schedule.producers import SiblingIndex, is_cache_only, sibling_key
+from sglang_radixflow.config import RadixFlowConfig
+from sglang_radixflow.schedule.producers import PublishMode, SiblingIndex, is_cache_only, sibling_key
 from sglang_radixflow.schedule.state import CUT_HOLDS, DEFER_COUNT, MAY_BLOCK, MAY_PLAN, PLAIN, SchedulingState
 
 
@@ -128,3 +129,57 @@ def test_passes_with_nothing_shared_schedule_as_the_full_checks(components: Any)
     assert counters["w"][0] > 0, "w waited for L's continuation (a promise registered in the middle of a pass)"
     if components is FULL:
         assert counters["g"][0] > 0, "g adopted f in flight"
+
+
+def test_the_admissions_of_a_pass_with_nothing_shared_are_tracked_in_flight_as_one_by_one() -> None:
+    """A pass with nothing shared tracks its indexed admissions in flight at its end, in C (`_track_unshared`): the
+    table of in-flight requests must be the one `_track_in_flight` builds request by request, whatever the batch
+    holds — requests whose KV does not land under their token ids (session, multimodal or embedding input, barred
+    from the tree), requests too short for a sibling key, requests whose key was never cached, keys already in
+    flight and keys two of them share (the last three take the per-request path)."""
+    rng = random.Random(5)
+    docs = [list(range(1000 * k, 1000 * k + 40)) for k in range(1, 6)]
+    fast = 0
+    for trial in range(300):
+        reqs = []
+        for n in range(rng.randint(0, 8)):
+            if rng.random() < 0.15:
+                tokens = list(range(50_000 + 10 * n, 50_000 + 10 * n + 3))  # too short for a key
+            elif rng.random() < 0.3:
+                tokens = rng.choice(docs) + [n]  # may share its key with another of the batch or one in flight
+            else:
+                tokens = list(range(100_000 + 100 * n + 1000 * trial, 100_000 + 100 * n + 1000 * trial + 50))
+            req = make_request(f"r{trial}.{n}", tokens)
+            req.prefix_len, req.extend_end = 0, len(tokens)  # as SGLang's match and admission leave them
+            odd = rng.random()
+            if odd < 0.05:
+                req.session = object()
+            elif odd < 0.1:
+                req.input_embeds = [[0.0]]
+            elif odd < 0.15:
+                req.skip_radix_cache_insert = True
+            elif odd < 0.2:
+                req.multimodal_inputs = object()
+            if rng.random() < 0.9:
+                sibling_key(req)  # cached, as indexing the queue leaves it
+            reqs.append(req)
+        earlier = make_request("earlier", rng.choice(docs) + [99])
+        earlier.prefix_len, earlier.extend_end = 0, 41
+        with_earlier = rng.random() < 0.5
+        tables = []
+        for one_by_one in (True, False):
+            sched = SchedulingState(RadixFlowConfig(), PublishMode.KV, 1)
+            if with_earlier:
+                sched._track_in_flight(earlier, 6)  # admitted by the pass before
+            if one_by_one:
+                for req in reqs:
+                    sched._track_in_flight(req, 7)
+            else:
+                singly = []
+                sched._track_in_flight = lambda req, round_id, sched=sched: (  # type: ignore[method-assign]
+                    singly.append(req), SchedulingState._track_in_flight(sched, req, round_id))
+                sched._track_unshared(list(reqs), 7)
+                fast += not singly and len(reqs) > 2
+            tables.append({key: dict(group) for key, group in sched._unlanded.items()})
+        assert tables[0] == tables[1], trial
+    assert fast > 50  # most batches take the C path
