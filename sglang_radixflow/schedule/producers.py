@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 from array import array
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence
 
@@ -85,6 +87,9 @@ def key_limit(req: Any, tokens: Sequence[int]) -> int:
     return int(req._compute_max_prefix_len(len(tokens)))
 
 
+_KEY_OF_MEMBER = operator.itemgetter(1)  # SiblingIndex._members' values: (request, sibling key or None)
+
+
 class SiblingIndex:
     """Waiting requests grouped by (namespace, first INDEX_PREFIX tokens).
 
@@ -119,17 +124,22 @@ class SiblingIndex:
         `remaining` only when the counts prove it is the indexed queue less `gone`; otherwise the next refresh
         diffs."""
         members, groups = self._members, self._groups
-        for rid in map(id, gone):  # `_remove`, inlined: runs for every request a pass admits
-            member = members.pop(rid, None)
-            if member is not None:
-                key = member[1]
-                if key is not None:
-                    group = groups[key]
-                    del group[rid]
-                    if not group:
-                        del groups[key]
-                    elif len(group) == 1:
-                        self._shared -= 1
+        if not self._shared:
+            # Every group is one request (no two share a key): each member leaves with its group, in C.
+            left = filter(None, map(members.pop, map(id, gone), itertools.repeat(None)))
+            deque(map(groups.__delitem__, filter(None, map(_KEY_OF_MEMBER, left))), maxlen=0)
+        else:
+            for rid in map(id, gone):  # `_remove`, inlined: runs for every request a pass admits
+                member = members.pop(rid, None)
+                if member is not None:
+                    key = member[1]
+                    if key is not None:
+                        group = groups[key]
+                        del group[rid]
+                        if not group:
+                            del groups[key]
+                        elif len(group) == 1:
+                            self._shared -= 1
         if self._cache_only:
             self._cache_only.difference_update(map(id, gone))
         synced = self._order is not None and len(self._members) == len(remaining)
