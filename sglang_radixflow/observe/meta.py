@@ -4,7 +4,10 @@ request finishes: meta_info["radixflow_token_hit"] == [ĥ], meta_info["radixflow
 """
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import operator
+from collections import deque
+from typing import Any, Sequence
 
 META_TOKEN_HIT = "radixflow_token_hit"
 META_STATE_HIT = "radixflow_state_hit"
@@ -18,3 +21,20 @@ def note_admitted_meta(req: Any, token_hit: int, state_hit: int) -> None:
         return
     info.setdefault(META_TOKEN_HIT, [token_hit])
     info.setdefault(META_STATE_HIT, [state_hit])
+
+
+_CUSTOMIZED_INFO = operator.attrgetter("customized_info")
+
+
+def note_admitted_metas(reqs: Sequence[Any], token_hits: Sequence[int], state_hits: Sequence[int]) -> None:
+    """note_admitted_meta for each of a pass's admitted requests (ĥ and h of each, in the same order), in C for the
+    common case (the channel unused: a new dict each)."""
+    unused = list(map(operator.is_, map(_CUSTOMIZED_INFO, reqs), itertools.repeat(None)))
+    if not all(unused):
+        for req, token_hit, state_hit in itertools.compress(zip(reqs, token_hits, state_hits),
+                                                             map(operator.not_, unused)):
+            note_admitted_meta(req, token_hit, state_hit)
+        reqs, token_hits, state_hits = (list(itertools.compress(x, unused)) for x in (reqs, token_hits, state_hits))
+    pairs = zip(zip(itertools.repeat(META_TOKEN_HIT), map(list, zip(token_hits))),
+                zip(itertools.repeat(META_STATE_HIT), map(list, zip(state_hits))))
+    deque(map(setattr, reqs, itertools.repeat("customized_info"), map(dict, pairs)), maxlen=0)

@@ -18,7 +18,7 @@ from sglang_radixflow.cache.promises import (
 )
 from sglang_radixflow.cache.tree import REQ_TOKEN_HIT
 from sglang_radixflow.config import RadixFlowConfig
-from sglang_radixflow.observe.meta import META_STATE_HIT, META_TOKEN_HIT, note_admitted_meta
+from sglang_radixflow.observe.meta import note_admitted_metas
 from sglang_radixflow.observe.rounds import RoundRecorder
 from sglang_radixflow.observe.trace import TraceWriter
 from sglang_radixflow.schedule.admission import AdmissionGate
@@ -283,8 +283,11 @@ class SchedulingState:
             stats.first_selection_wait_s = first_selection_waits(self._pass_began, admitted)
             # ĥ and h of the pass's matches (SGLang matches a request once per pass; nothing after the adder moves
             # its prefix_len before the round runs)
-            stats.token_hit_sum = sum(map(getattr, admitted, itertools.repeat(REQ_TOKEN_HIT), itertools.repeat(0)))
-            stats.state_hit_sum = sum(map(_PREFIX_LEN, admitted))
+            token_hits = list(map(getattr, admitted, itertools.repeat(REQ_TOKEN_HIT), itertools.repeat(0)))
+            state_hits = list(map(_PREFIX_LEN, admitted))
+            assert set(map(type, state_hits)) <= {int}, "Req.prefix_len is an int once matched"
+            stats.token_hit_sum, stats.state_hit_sum = sum(token_hits), sum(state_hits)
+            note_admitted_metas(admitted, token_hits, state_hits)  # each request's ĥ and h in its response
         if self._unshared_admitted:
             assert stats is not None
             self._track_unshared(self._unshared_admitted, stats.round_id)
@@ -823,16 +826,10 @@ class SchedulingState:
 
     def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
         # Runs for every admitted request: kept to plain statements (the pass's own cost, bench_sched_overhead.py).
-        # (The pass's sums of ĥ and h are taken at end_pass, in C.)
+        # (ĥ and h of the pass's admissions are summed and written to their responses at end_pass, in C.)
         current = self.current
         self._hold_run = 0  # admitted (a whole request; past S - R rows a producer): the run of held ones is broken
         current.admitted_reqs.append(req)
-        if req.customized_info is None:  # note_admitted_meta's common case: nothing else uses SGLang's channel
-            state_hit = req.prefix_len
-            assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
-            req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
-        else:
-            note_admitted_meta(req, token_hit, req.prefix_len)
         # In flight, a waiting sibling may adopt it (`_adopt`): its KV up to the end of this round's extend (on
         # extra_buffer hybrids also the one state SGLang snapshots inside it) enters the tree when its results are
         # processed (`on_landed`). Adoption is a Blocked verdict (traversal only); a no_buffer extend leaves its state
