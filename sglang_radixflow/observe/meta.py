@@ -14,26 +14,18 @@ META_STATE_HIT = "radixflow_state_hit"
 META_KEYS = frozenset({META_TOKEN_HIT, META_STATE_HIT})
 
 
-def note_admitted_meta(req: Any, token_hit: int, state_hit: int) -> None:
-    info = req.customized_info
-    if info is None:  # the common case: nothing else uses the channel
-        req.customized_info = {META_TOKEN_HIT: [token_hit], META_STATE_HIT: [state_hit]}
-        return
-    info.setdefault(META_TOKEN_HIT, [token_hit])
-    info.setdefault(META_STATE_HIT, [state_hit])
-
-
 _CUSTOMIZED_INFO = operator.attrgetter("customized_info")
 
 
 def note_admitted_metas(reqs: Sequence[Any], token_hits: Sequence[int], state_hits: Sequence[int]) -> None:
-    """note_admitted_meta for each of a pass's admitted requests (ĥ and h of each, in the same order), in C for the
-    common case (the channel unused: a new dict each)."""
+    """Write ĥ and h of each of a pass's admitted requests (in the same order) to its channel: a new dict each where
+    the channel is unused (the common case, in C); where another user's dict is there, added to it, its keys kept."""
     unused = list(map(operator.is_, map(_CUSTOMIZED_INFO, reqs), itertools.repeat(None)))
     if not all(unused):
         for req, token_hit, state_hit in itertools.compress(zip(reqs, token_hits, state_hits),
                                                              map(operator.not_, unused)):
-            note_admitted_meta(req, token_hit, state_hit)
+            req.customized_info.setdefault(META_TOKEN_HIT, [token_hit])
+            req.customized_info.setdefault(META_STATE_HIT, [state_hit])
         reqs, token_hits, state_hits = (list(itertools.compress(x, unused)) for x in (reqs, token_hits, state_hits))
     pairs = zip(zip(itertools.repeat(META_TOKEN_HIT), map(list, zip(token_hits))),
                 zip(itertools.repeat(META_STATE_HIT), map(list, zip(state_hits))))

@@ -122,8 +122,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
             result = PrefillAdder.add_one_req(self, req, has_chunked_req, truncation_align_size)
         can_run = self.can_run_list
         if can_run and can_run[-1] is req:
-            # the hit of this pass's match (init_next_round_input; token_hit inlined); add_one_req does not match again
-            sched.note_admitted(req, plan, getattr(req, REQ_TOKEN_HIT, 0))
+            sched.note_admitted(req, plan)
         elif self._rf_cut_held:
             self._rf_cut_held = False
             release_staged(req, self.tree_cache)
@@ -204,7 +203,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         finally:
             self._rf_producer, self._rf_producer_plan = None, None
         if self.can_run_list and self.can_run_list[-1] is prefix:
-            sched.note_admitted(prefix, plan, token_hit(prefix))
+            sched.note_admitted(prefix, plan)
             sched.note_prefix_request(req, prefix)
             return result
         self._rf_cut_held = False

@@ -17,6 +17,7 @@ from sglang_radixflow.cache.promises import (
     Promise, PromiseTable, as_tokens, common_prefix_with, tokens_share_more_than,
 )
 from sglang_radixflow.cache.tree import REQ_TOKEN_HIT
+from sglang_radixflow.cache.tree import token_hit as token_hit_of  # methods name their ĥ arguments token_hit
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.observe.meta import note_admitted_metas
 from sglang_radixflow.observe.rounds import RoundRecorder
@@ -282,7 +283,7 @@ class SchedulingState:
             admitted = stats.admitted_reqs
             stats.first_selection_wait_s = first_selection_waits(self._pass_began, admitted)
             # ĥ and h of the pass's matches (SGLang matches a request once per pass; nothing after the adder moves
-            # its prefix_len before the round runs)
+            # its prefix_len before the round runs): token_hit_of and prefix_len of each, in C
             token_hits = list(map(getattr, admitted, itertools.repeat(REQ_TOKEN_HIT), itertools.repeat(0)))
             state_hits = list(map(_PREFIX_LEN, admitted))
             assert set(map(type, state_hits)) <= {int}, "Req.prefix_len is an int once matched"
@@ -824,7 +825,7 @@ class SchedulingState:
             cache_chunk=self.cache_chunk, branch=native_branch(req) if self.mode is PublishMode.TRACK else None,
         )
 
-    def note_admitted(self, req: Any, plan: Optional[ProducerPlan], token_hit: int) -> None:
+    def note_admitted(self, req: Any, plan: Optional[ProducerPlan]) -> None:
         # Runs for every admitted request: kept to plain statements (the pass's own cost, bench_sched_overhead.py).
         # (ĥ and h of the pass's admissions are summed and written to their responses at end_pass, in C.)
         current = self.current
@@ -853,7 +854,8 @@ class SchedulingState:
         self.current.producers += 1
         if self.traversal == "skip" and req.token_indices_to_pool is None:
             promises[0].consumers = self._consumers(plan)
-            self._mark_consumers(req, tokens, promises[0], token_hit)
+            # ĥ of this pass's match (add_one_req does not match again)
+            self._mark_consumers(req, tokens, promises[0], token_hit_of(req))
 
     def _track_in_flight(self, req: Any, round_id: int) -> None:
         """Track an admitted request in flight (`_unlanded`) for adoption. Not one whose KV lands elsewhere or not at

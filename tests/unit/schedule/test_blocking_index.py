@@ -218,7 +218,7 @@ def test_a_request_proven_alone_past_a_position_shares_no_more_with_any_sibling(
 
     def admit(sched: SchedulingState, req) -> None:  # noqa: ANN001
         req.prefix_len, req.extend_end = 0, len(req.origin_input_ids)  # as SGLang's match and admission leave them
-        sched.note_admitted(req, None, 0)
+        sched.note_admitted(req, None)
 
     for trial in range(200):
         waiting = [make_request(f"w{i}", DOC_A + tail()) for i in range(rng.randint(1, 5))]
