@@ -12,7 +12,7 @@ import enum
 import itertools
 import operator
 from array import array
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable, Mapping, Optional, Sequence
 
@@ -88,6 +88,7 @@ def key_limit(req: Any, tokens: Sequence[int]) -> int:
 
 
 _KEY_OF_MEMBER = operator.itemgetter(1)  # SiblingIndex._members' values: (request, sibling key or None)
+_REQUEST_OF_MEMBER = operator.itemgetter(0)
 
 
 class SiblingIndex:
@@ -129,17 +130,17 @@ class SiblingIndex:
             left = filter(None, map(members.pop, map(id, gone), itertools.repeat(None)))
             deque(map(groups.__delitem__, filter(None, map(_KEY_OF_MEMBER, left))), maxlen=0)
         else:
-            for rid in map(id, gone):  # `_remove`, inlined: runs for every request a pass admits
-                member = members.pop(rid, None)
-                if member is not None:
-                    key = member[1]
-                    if key is not None:
-                        group = groups[key]
-                        del group[rid]
-                        if not group:
-                            del groups[key]
-                        elif len(group) == 1:
-                            self._shared -= 1
+            # Each member leaves its group in C; then each group it left (not each request) is checked once.
+            left = list(filter(_KEY_OF_MEMBER, filter(None, map(members.pop, map(id, gone), itertools.repeat(None)))))
+            keys = list(map(_KEY_OF_MEMBER, left))
+            deque(map(dict.__delitem__, map(groups.__getitem__, keys), map(id, map(_REQUEST_OF_MEMBER, left))),
+                  maxlen=0)
+            for key, n in Counter(keys).items():
+                size = len(groups[key])
+                if size <= 1 < size + n:
+                    self._shared -= 1  # two or more before, at most one now
+                if not size:
+                    del groups[key]
         if self._cache_only:
             self._cache_only.difference_update(map(id, gone))
         synced = self._order is not None and len(self._members) == len(remaining)

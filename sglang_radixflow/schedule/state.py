@@ -5,6 +5,7 @@ One instance per RadixFlowCache (one per scheduler / TP rank). Every decision re
 """
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import logging
@@ -194,7 +195,16 @@ class SchedulingState:
         # just after its producer's pass would recompute the prefix in flight; it adopts that request as its producer
         # instead (`_adopt`).
         self._unlanded: dict[tuple, dict[int, tuple[Any, int, int]]] = {}
-        self._unshared_admitted: list[Any] = []  # this pass's, admitted while nothing was shared: tracked at end_pass
+        # This pass's admissions that no later request of the pass can adopt, tracked in flight at its end, in C
+        # (`_track_quiet`): admitted while nothing was shared (`index_waiting`), or whose `examine` found no other
+        # request with its sibling key, or proved that none shares past its hit (`_none_shares_past`).
+        self._quiet: list[Any] = []
+        # The sibling keys of the quiet admissions that share their key with other requests (proven alone): a
+        # request on such a key that may adopt (its own proof failed) first has the quiet ones tracked
+        # (`_flush_quiet`), so that adoption reads the table the per-request path would have built.
+        self._quiet_keys: set[tuple] = set()
+        self._alone: Any = None  # the request `examine` last found no request of the pass could adopt
+        self._alone_key: Optional[tuple] = None  # its sibling key when other requests have it (proven alone)
         # Per pass, sibling key -> (the key's waiting requests by id, as the index holds them; token position -> the
         # tokens found there in two or more of those and the key's in-flight requests): `_none_shares_past`.
         self._repeated: dict[tuple, tuple[Mapping[int, Any], dict[int, set[int]]]] = {}
@@ -254,6 +264,7 @@ class SchedulingState:
         self._repeated = {}
         self._screen_busy = False
         self._screened = []
+        self._alone = None
         self._forget_landed(round_id)
         self._mark_in_flight()
 
@@ -264,6 +275,8 @@ class SchedulingState:
         cache-only. Then no request can be Blocked (`blocking_promise` needs a promise or an in-flight request on its
         key; the pass's own admissions have keys no other waiting request has) or plan (`plan` needs a waiting
         sibling, `plan_cache_only` a cache-only request), until a promise is registered (`_register`, `_adopt`)."""
+        if self._quiet:  # (never so far: a pass indexes before its first admission) plans_nothing reads the table
+            self._flush_quiet()
         self._index.refresh(waiting)
         self._index_fresh = True
         self._nothing_shared = (
@@ -289,10 +302,11 @@ class SchedulingState:
             assert set(map(type, state_hits)) <= {int}, "Req.prefix_len is an int once matched"
             stats.token_hit_sum, stats.state_hit_sum = sum(token_hits), sum(state_hits)
             note_admitted_metas(admitted, token_hits, state_hits)  # each request's ĥ and h in its response
-        if self._unshared_admitted:
+        self._quiet_keys.clear()  # (before tracking: a request without a cached key takes the per-request path)
+        quiet, self._quiet, self._alone = self._quiet, [], None
+        if quiet:
             assert stats is not None
-            self._track_unshared(self._unshared_admitted, stats.round_id)
-            self._unshared_admitted = []
+            self._track_quiet(quiet, stats.round_id)
         self._waiting = []
         self._nothing_shared = False
         self._known_blocked = {}
@@ -592,7 +606,7 @@ class SchedulingState:
         if self._nothing_shared and self._non_producers < self._producer_hold_from:
             return PLAIN  # the pass's common case (index_waiting): a queue with nothing shared costs this only
         checks = self._fragment_checks
-        if is_cache_only(req):
+        if req.sampling_params.max_new_tokens == 0 and not req.return_logprob:  # is_cache_only, inlined
             checks |= MAY_PLAN
         if self.traversal == "native":  # nothing blocks, nothing is planned or held
             return checks
@@ -604,6 +618,9 @@ class SchedulingState:
             checks |= MAY_BLOCK
         in_flight = key in self._unlanded  # (None is never a key of either table)
         if checks & MAY_PLAN:
+            if key in self._quiet_keys:
+                self._flush_quiet()
+                in_flight = key in self._unlanded
             return checks | MAY_BLOCK if in_flight else checks
         if not self._index_fresh:
             self.index_waiting(self._waiting)
@@ -617,7 +634,17 @@ class SchedulingState:
             state_hit = req.prefix_len
             assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
             if not state_hit or not self._none_shares_past(req, key, None, state_hit + self._min_gain_less_one):
+                if key in self._quiet_keys:  # it may adopt a quiet one: the table as the per-request path leaves it
+                    self._flush_quiet()
+                    in_flight = key in self._unlanded
                 checks |= (MAY_BLOCK if in_flight else PLAIN) | (MAY_PLAN if siblings else PLAIN)
+            else:
+                # No request of the pass can adopt it: one that shares more than its own hit with it would hold its
+                # token at h + min_gain - 1, which the proof found in no other, and one proven alone adopts nothing.
+                self._alone, self._alone_key = req, key
+        elif group is not None:
+            # The only indexed request with its key, none in flight: no other request of the pass has its key.
+            self._alone, self._alone_key = req, None
         if not checks & MAY_PLAN and self._non_producers >= self._producer_hold_from \
                 and self._would_hold_for_producers(req):
             checks |= MAY_PLAN
@@ -672,6 +699,9 @@ class SchedulingState:
 
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The open promise `req` should wait for, or None (also past the deferral bound)."""
+        # `_adopt` reads the in-flight table: `examine` tracked the quiet admissions on its key first, unless it proved
+        # the request alone (it then adopts none of them).
+        assert req is self._alone or not self._quiet_keys or sibling_key(req) not in self._quiet_keys
         if not self.active or not (self.promises or self._unlanded):
             return None
         # A promise with b >= INDEX_PREFIX can block only a request whose first INDEX_PREFIX tokens are its own
@@ -838,8 +868,13 @@ class SchedulingState:
         if self._tracks_in_flight:
             if self._nothing_shared and id(req) in self._indexed:
                 # No other waiting request has its sibling key (index_waiting): none adopts it in this pass. Tracked
-                # with the pass's other such admissions at end_pass, in C (`_track_unshared`).
-                self._unshared_admitted.append(req)
+                # with the pass's other such admissions at end_pass, in C (`_track_quiet`).
+                self._quiet.append(req)
+            elif self._alone is req and plan is None:
+                # `examine` found no other request with its key, or proved that none shares past its hit: likewise.
+                self._quiet.append(req)
+                if self._alone_key is not None:  # others have its key: one that may adopt flushes first
+                    self._quiet_keys.add(self._alone_key)
             else:
                 self._track_in_flight(req, current.round_id)
         if plan is None:
@@ -867,6 +902,7 @@ class SchedulingState:
             except AttributeError:
                 key = sibling_key(req)
             if key is not None:
+                assert key not in self._quiet_keys, "the quiet admissions on its key are tracked first (_flush_quiet)"
                 group = self._unlanded.get(key)
                 if group is None:
                     group = self._unlanded[key] = {}
@@ -878,23 +914,30 @@ class SchedulingState:
                 assert end.__class__ is int, "Req.extend_end is an int once admitted"
                 group[rid] = (req, end, round_id)
 
-    def _track_unshared(self, reqs: list[Any], round_id: int) -> None:
-        """`_track_in_flight` for indexed requests admitted while nothing was shared, in C: their sibling keys are
-        distinct and none is in `_unlanded` (index_waiting's proof), so each starts a group of its own. Where that
-        does not hold (a key never cached), each is tracked on its own."""
+    def _track_quiet(self, reqs: list[Any], round_id: int) -> None:
+        """`_track_in_flight` for the pass's quiet admissions (`_quiet`), in C: the same table, each request appended
+        to its sibling key's group in admission order. They are indexed (so `_none_shares_past`'s sets already count
+        them). Where a key was never cached, each is tracked on its own."""
         reqs = lands_under_token_ids(reqs)
         keys = list(map(getattr, reqs, itertools.repeat(SIBLING_KEY), itertools.repeat(_UNKEYED)))
-        ends = list(map(_EXTEND_END, reqs))
-        assert set(map(type, ends)) <= {int}, "Req.extend_end is an int once admitted"
-        entries = zip(map(id, reqs), zip(reqs, ends, itertools.repeat(round_id)))
-        groups = dict(zip(keys, map(dict, zip(entries))))  # key -> {id: (request, extend end, round)}
-        groups.pop(None, None)
-        if _UNKEYED not in groups and len(groups) + keys.count(None) == len(keys) \
-                and groups.keys().isdisjoint(self._unlanded.keys()):
-            self._unlanded.update(groups)
-        else:
+        if _UNKEYED in keys:
             for req in reqs:
                 self._track_in_flight(req, round_id)
+            return
+        ends = list(map(_EXTEND_END, reqs))
+        assert set(map(type, ends)) <= {int}, "Req.extend_end is an int once admitted"
+        assert None not in keys, "sibling_key caches a key only when the prompt has one"
+        groups = map(self._unlanded.setdefault, keys, iter(dict, None))  # key -> {id: (request, extend end, round)}
+        collections.deque(map(dict.__setitem__, groups, map(id, reqs), zip(reqs, ends, itertools.repeat(round_id))),
+                          maxlen=0)
+
+    def _flush_quiet(self) -> None:
+        """Track the quiet admissions so far now (a request that may adopt one of them is being examined)."""
+        assert self.current is not None
+        self._quiet_keys.clear()  # (before tracking: a request without a cached key takes the per-request path)
+        quiet, self._quiet = self._quiet, []
+        if quiet:
+            self._track_quiet(quiet, self.current.round_id)
 
     def note_continuation(self, req: Any) -> None:
         """SGLang continues its chunked request in this pass. Requests that arrived after it was planned may share its

@@ -61,6 +61,11 @@ def test_the_index_knows_when_nothing_is_shared() -> None:
         queue = [r for r in queue if r not in admitted]
         index.left(admitted, queue)
         assert index.plans_nothing({}) is brute_plans_nothing(queue, {})
+        groups: dict = {}
+        for r in queue:
+            if sibling_key(r) is not None:
+                groups.setdefault(sibling_key(r), {})[id(r)] = r
+        assert index.groups_view() == groups  # every member in its key's group, no group left empty
     assert seen[True] > 10 and seen[False] > 10  # both answers were exercised
 
 
@@ -132,11 +137,11 @@ def test_passes_with_nothing_shared_schedule_as_the_full_checks(components: Any)
 
 
 def test_the_admissions_of_a_pass_with_nothing_shared_are_tracked_in_flight_as_one_by_one() -> None:
-    """A pass with nothing shared tracks its indexed admissions in flight at its end, in C (`_track_unshared`): the
+    """A pass with nothing shared tracks its indexed admissions in flight at its end, in C (`_track_quiet`): the
     table of in-flight requests must be the one `_track_in_flight` builds request by request, whatever the batch
     holds — requests whose KV does not land under their token ids (session, multimodal or embedding input, barred
-    from the tree), requests too short for a sibling key, requests whose key was never cached, keys already in
-    flight and keys two of them share (the last three take the per-request path)."""
+    from the tree), requests too short for a sibling key, keys already in flight, keys two of them share (appended
+    to one group in order), and requests whose key was never cached (the batch then takes the per-request path)."""
     rng = random.Random(5)
     docs = [list(range(1000 * k, 1000 * k + 40)) for k in range(1, 6)]
     fast = 0
@@ -178,7 +183,7 @@ def test_the_admissions_of_a_pass_with_nothing_shared_are_tracked_in_flight_as_o
                 singly = []
                 sched._track_in_flight = lambda req, round_id, sched=sched: (  # type: ignore[method-assign]
                     singly.append(req), SchedulingState._track_in_flight(sched, req, round_id))
-                sched._track_unshared(list(reqs), 7)
+                sched._track_quiet(list(reqs), 7)
                 fast += not singly and len(reqs) > 2
             tables.append({key: dict(group) for key, group in sched._unlanded.items()})
         assert tables[0] == tables[1], trial
