@@ -29,7 +29,8 @@ Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
                                            [--slot-wait] [--in-flight] [--producer-rows R] [--chunk-last 0|1]
     python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
     python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
-    python scripts/bench_sched_overhead.py --bytecodes 1000 --queue consumers   # bytecodes of one pass (deterministic)
+    python scripts/bench_sched_overhead.py --bytecodes 1000 --queue consumers   # bytecodes of one pass (deterministic),
+                                                                                # SGLang's own code in it split out
     python scripts/bench_sched_overhead.py --drain 1000       # every pass until a queue of 1000 drains
     python scripts/bench_sched_overhead.py --drain 1000 --profile 0   # ... radixflow's code vs SGLang's in it
 
@@ -354,16 +355,31 @@ def breakdown(config: str, n: int, repeats: int, variant: str = "rf+flex") -> No
         print(f"  {sglang_visit + ' (' + v + ')':52} {stat(v, sglang_visit)}   x{counts[v][sglang_visit]}")
 
 
-def count_bytecodes(config: str, variant: str, n: int) -> tuple[int, collections.Counter]:
-    """(Python bytecodes executed in one steady pass at size n, radixflow's own by function): a deterministic count,
-    steadier than CPU time between sittings (`sys.settrace` with `f_trace_opcodes`; builtins and C code count
-    nothing). Two untimed passes first warm the same code paths."""
+# radixflow's frames that hand work to SGLang as SGLang's own pass would: SGLang code whose nearest radixflow frame up
+# the stack is one of these runs at SGLang's own call sites (its scan, adder, match), in either variant. Every other
+# radixflow frame calls SGLang on radixflow's behalf (a key limit, a dataclass's __init__).
+PASS_THROUGH = {"run_prefill_pass", "add_one_req", "_select_prefill_admission", "match_prefix", "__iter__", "screen",
+                "_offer_held"}
+
+
+@dataclass
+class Bytecodes:
+    total: int
+    own: collections.Counter  # radixflow's own code, by function
+    sglang_sites: int  # SGLang's code run from its own call sites (PASS_THROUGH)
+    admitted: int
+
+
+def count_bytecodes(config: str, variant: str, n: int) -> Bytecodes:
+    """Python bytecodes executed in one steady pass at size n: a deterministic count, steadier than CPU time between
+    sittings (`sys.settrace` with `f_trace_opcodes`; builtins and C code count nothing). Two untimed passes first
+    warm the same code paths."""
     with model_free():
         for _ in range(2):
             one_pass(prepared(config, variant, n, steady=True))
         h = prepared(config, variant, n, steady=True)
         own: collections.Counter = collections.Counter()
-        total = [0]
+        total, sites = [0], [0]
 
         def tracer(frame: Any, event: str, arg: Any) -> Any:
             frame.f_trace_opcodes = True
@@ -372,25 +388,37 @@ def count_bytecodes(config: str, variant: str, n: int) -> tuple[int, collections
                 code = frame.f_code
                 if OWN_PACKAGE in code.co_filename:
                     own[f"{code.co_filename.rsplit(OWN_PACKAGE, 1)[1]}:{code.co_name}"] += 1
+                else:
+                    caller = frame.f_back
+                    while caller is not None and OWN_PACKAGE not in caller.f_code.co_filename:
+                        caller = caller.f_back
+                    sites[0] += caller is None or caller.f_code.co_name in PASS_THROUGH
             return tracer
 
         sys.settrace(tracer)
         try:
-            one_pass(h)
+            batch, _ = one_pass(h)
         finally:
             sys.settrace(None)
-    return total[0], own
+    return Bytecodes(total[0], own, sites[0], len(batch.reqs) if batch is not None else 0)
 
 
 def bytecodes(config: str, n: int, variant: str = "rf+flex", top: int = 12) -> None:
     """`--bytecodes N`: one steady pass's bytecodes, native against `variant`, and radixflow's own busiest functions.
-    (The native pass runs radixflow's cache too: the `sglang` arm's, as in every table here.)"""
-    base, base_own = count_bytecodes(config, "native", n)
-    total, own = count_bytecodes(config, variant, n)
-    print(f"\nbytecodes of one steady pass ({config}, {QUEUE[0]} queue, N={n}): native {base / 1e3:.1f}k "
-          f"(radixflow's cache and hooks in it {sum(base_own.values()) / 1e3:.1f}k), {variant} {total / 1e3:.1f}k "
-          f"({total / base:.3f}x; radixflow's own code {sum(own.values()) / 1e3:.1f}k)")
-    for name, count in own.most_common(top):
+    (The native pass runs radixflow's cache too: the `sglang` arm's, as in every table here.) SGLang's code run from
+    its own call sites in the radixflow pass is what no change to radixflow's code can remove without changing the
+    schedule: its scan, adder and match on the requests the pass examines and admits."""
+    base = count_bytecodes(config, "native", n)
+    rf = count_bytecodes(config, variant, n)
+    print(f"\nbytecodes of one steady pass ({config}, {QUEUE[0]} queue, N={n}): native {base.total / 1e3:.1f}k "
+          f"(radixflow's cache and hooks in it {sum(base.own.values()) / 1e3:.1f}k), {variant} {rf.total / 1e3:.1f}k "
+          f"({rf.total / base.total:.3f}x; radixflow's own code {sum(rf.own.values()) / 1e3:.1f}k)")
+    induced = rf.total - rf.sglang_sites - sum(rf.own.values())
+    print(f"  SGLang's code from its own call sites: native {base.sglang_sites / 1e3:.1f}k, {variant} "
+          f"{rf.sglang_sites / 1e3:.1f}k ({rf.sglang_sites / base.total:.3f}x native's whole pass); SGLang's code "
+          f"radixflow calls (prefix requests, key limits, ...): {induced / 1e3:.1f}k; requests admitted: native "
+          f"{base.admitted}, {variant} {rf.admitted}")
+    for name, count in rf.own.most_common(top):
         print(f"  {count:8d}  {name}")
 
 
