@@ -195,9 +195,9 @@ class SchedulingState:
         # just after its producer's pass would recompute the prefix in flight; it adopts that request as its producer
         # instead (`_adopt`).
         self._unlanded: dict[tuple, dict[int, tuple[Any, int, int]]] = {}
-        # This pass's admissions that no later request of the pass can adopt, tracked in flight at its end, in C
-        # (`_track_quiet`): admitted while nothing was shared (`index_waiting`), or whose `examine` found no other
-        # request with its sibling key, or proved that none shares past its hit (`_none_shares_past`).
+        # This pass's admissions tracked in flight at its end, in C (`_track_quiet`): admitted while nothing was
+        # shared (`index_waiting`), or whose `examine` found no other request with its sibling key, or proved that
+        # none shares past its hit (`_none_shares_past`). No request adopts them before they are tracked.
         self._quiet: list[Any] = []
         # The sibling keys of the quiet admissions that share their key with other requests (proven alone): a
         # request on such a key that may adopt (its own proof failed) first has the quiet ones tracked
@@ -639,8 +639,9 @@ class SchedulingState:
                     in_flight = key in self._unlanded
                 checks |= (MAY_BLOCK if in_flight else PLAIN) | (MAY_PLAN if siblings else PLAIN)
             else:
-                # No request of the pass can adopt it: one that shares more than its own hit with it would hold its
-                # token at h + min_gain - 1, which the proof found in no other, and one proven alone adopts nothing.
+                # Tracked at the end of the pass if admitted (`note_admitted`): a request proven alone adopts none of
+                # the pass's admissions (it shares its token at h + min_gain - 1 with no other), and one whose proof
+                # fails has the quiet ones on its key tracked first (above).
                 self._alone, self._alone_key = req, key
         elif group is not None:
             # The only indexed request with its key, none in flight: no other request of the pass has its key.
@@ -871,7 +872,8 @@ class SchedulingState:
                 # with the pass's other such admissions at end_pass, in C (`_track_quiet`).
                 self._quiet.append(req)
             elif self._alone is req and plan is None:
-                # `examine` found no other request with its key, or proved that none shares past its hit: likewise.
+                # `examine` found no other request with its key (none adopts it), or proved that none shares past its
+                # hit: a request that may adopt it has it tracked first (`_flush_quiet`).
                 self._quiet.append(req)
                 if self._alone_key is not None:  # others have its key: one that may adopt flushes first
                     self._quiet_keys.add(self._alone_key)
