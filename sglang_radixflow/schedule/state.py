@@ -275,8 +275,7 @@ class SchedulingState:
         cache-only. Then no request can be Blocked (`blocking_promise` needs a promise or an in-flight request on its
         key; the pass's own admissions have keys no other waiting request has) or plan (`plan` needs a waiting
         sibling, `plan_cache_only` a cache-only request), until a promise is registered (`_register`, `_adopt`)."""
-        if self._quiet:  # (never so far: a pass indexes before its first admission) plans_nothing reads the table
-            self._flush_quiet()
+        assert not self._quiet, "a pass indexes before its first admission (plans_nothing reads the in-flight table)"
         self._index.refresh(waiting)
         self._index_fresh = True
         self._nothing_shared = (
@@ -619,8 +618,7 @@ class SchedulingState:
         in_flight = key in self._unlanded  # (None is never a key of either table)
         if checks & MAY_PLAN:
             if key in self._quiet_keys:
-                self._flush_quiet()
-                in_flight = key in self._unlanded
+                in_flight = self._flush_quiet_for(key)
             return checks | MAY_BLOCK if in_flight else checks
         if not self._index_fresh:
             self.index_waiting(self._waiting)
@@ -635,8 +633,7 @@ class SchedulingState:
             assert state_hit.__class__ is int, "Req.prefix_len is an int once matched"
             if not state_hit or not self._none_shares_past(req, key, None, state_hit + self._min_gain_less_one):
                 if key in self._quiet_keys:  # it may adopt a quiet one: the table as the per-request path leaves it
-                    self._flush_quiet()
-                    in_flight = key in self._unlanded
+                    in_flight = self._flush_quiet_for(key)
                 checks |= (MAY_BLOCK if in_flight else PLAIN) | (MAY_PLAN if siblings else PLAIN)
             else:
                 # Tracked at the end of the pass if admitted (`note_admitted`): a request proven alone adopts none of
@@ -932,6 +929,12 @@ class SchedulingState:
         groups = map(self._unlanded.setdefault, keys, iter(dict, None))  # key -> {id: (request, extend end, round)}
         collections.deque(map(dict.__setitem__, groups, map(id, reqs), zip(reqs, ends, itertools.repeat(round_id))),
                           maxlen=0)
+
+    def _flush_quiet_for(self, key: tuple) -> bool:
+        """A request with sibling key `key` may adopt one of the quiet admissions: track them now; whether a request
+        in flight has that key."""
+        self._flush_quiet()
+        return key in self._unlanded
 
     def _flush_quiet(self) -> None:
         """Track the quiet admissions so far now (a request that may adopt one of them is being examined)."""
