@@ -44,7 +44,7 @@ from sglang_radixflow.models import ensure_model
 LEAK = "memory leak detected"
 RETRACTED = re.compile(r"#retracted_reqs: (\d+)")  # SGLang's log line when decode retracts (scheduler.py)
 # per-round trace fields summed into the summary: which of the scheduler's paths the soak went through
-PATH_COUNTERS = ("producers", "prefix_requests", "adopted_producers", "blocked_skips", "blocked_screened", "cut_holds",
+PATH_COUNTERS = ("producers", "prefix_requests", "adopted_producers", "blocked_skips", "cut_holds",
                  "producer_holds", "admission_holds", "fragment_skips", "deferred", "promises_registered_delta",
                  "promises_published_delta", "promises_cancelled_delta")
 FLOAT32 = ("--dtype", "float32")

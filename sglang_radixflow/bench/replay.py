@@ -23,7 +23,7 @@ from sglang_radixflow.bench.fragments import RoundRecord, read_rounds, write_rou
 from sglang_radixflow.bench.optimum import fewest_rounds
 from sglang_radixflow.bench.workloads import STREAMS, WorkloadParams, make_workload, shared_prefixes
 from sglang_radixflow.config import ARMS
-from sglang_radixflow.schedule.bounds import empty_row_slots, first_round_bound, round_lower_bound
+from sglang_radixflow.bench.bounds import empty_row_slots, first_round_bound, round_lower_bound
 from sglang_radixflow.schedule.prefix_request import split_prefix_rid
 
 REPLAY_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow", "radixflow+frag")

@@ -35,9 +35,6 @@ class Promise:
     partial: bool = False
     # SGLang's tree holds whole pages only: a partial promise serves the shared part rounded down to a page.
     page_size: int = 1
-    # (waiting request, tokens of it this promise serves) for the siblings the producer was planned for: lets the
-    # scheduler prove them Blocked while the promise is in flight without matching them (SchedulingState).
-    consumers: tuple = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tokens = as_tokens(self.tokens)
@@ -120,16 +117,6 @@ class PromiseTable:
         indexed = self._by_head.get(head_key, ()) if head_key is not None else ()
         return [*indexed, *self._short] if self._short else indexed
 
-    def may_serve(self, head_key: Optional[tuple]) -> bool:
-        """Whether any open promise could serve a request whose head_key is `head_key` (`candidates` is not empty):
-        O(1), for the scan's common case of a request nothing is promised to."""
-        return bool(self._short) or (head_key is not None and head_key in self._by_head)
-
-    def serving_index(self) -> tuple[Mapping[tuple, list[Promise]], Sequence[Promise]]:
-        """Live read-only views of what `may_serve` reads (open promises by head key, the short ones), for a caller
-        that inlines its test: they change as promises open and close, and are never replaced."""
-        return self._by_head, self._short
-
     def _head_key_of(self, promise: Promise) -> Optional[tuple]:
         return self.head_key(promise.namespace, promise.tokens)
 
@@ -205,18 +192,14 @@ def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return common_prefix_with(as_tokens(a).tobytes(), b)
 
 
-def common_prefix_with(head: bytes, b: Sequence[int], hint: int = 0) -> int:
-    """LCP length of `b` and the tokens whose array('q') bytes are `head`, by binary search over prefix equality.
-    `bytes.startswith(memoryview slice)` compares in C without copying (array slices copy): ~3x faster than slice
-    equality, and the planner runs this per sibling per producer (passing `head` once per producer). `hint`: a
-    likely answer (siblings of one group share one prefix), checked first with two comparisons."""
+def common_prefix_with(head: bytes, b: Sequence[int]) -> int:
+    """LCP length of `b` and the tokens whose array('q') bytes are `head`, by binary search over prefix equality
+    (`bytes.startswith` of a memoryview slice compares without copying the tokens)."""
     b = as_tokens(b)
     n = min(len(head) // b.itemsize, len(b))
-    with memoryview(b) as tail:  # items of b; a slice is a zero-copy view of the first k tokens' bytes
+    with memoryview(b) as tail:
         if head.startswith(tail[:n]):
             return n
-        if 0 < hint < n and head.startswith(tail[:hint]) and not head.startswith(tail[: hint + 1]):
-            return hint
         lo, hi = 0, n - 1  # invariant: the first lo tokens match, the first hi + 1 do not
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -225,28 +208,6 @@ def common_prefix_with(head: bytes, b: Sequence[int], hint: int = 0) -> int:
             else:
                 hi = mid - 1
     return lo
-
-
-def shares_more_than(head: bytes, b: Sequence[int], n: int) -> bool:
-    """Whether `b` and the tokens whose array('q') bytes are `head` share more than their first `n` tokens: one
-    C-level comparison (see common_prefix_with)."""
-    b = as_tokens(b)
-    k = n + 1
-    if k <= 0:
-        return True
-    if k > len(b) or k * b.itemsize > len(head):
-        return False
-    with memoryview(b) as view:
-        return head.startswith(view[:k])
-
-
-def tokens_share_more_than(a: Sequence[int], b: Sequence[int], n: int) -> bool:
-    """Whether token sequences `a` and `b` share more than their first `n` >= 0 tokens. The token at index n rules
-    most pairs out with one int comparison (a consumer's siblings differ right past what the tree holds for it);
-    one C-level comparison decides the rest (shares_more_than)."""
-    if n >= len(a) or n >= len(b) or a[n] != b[n]:
-        return False
-    return shares_more_than(as_tokens(a).tobytes(), b, n)
 
 
 def best_boundary(candidate_lcps: Iterable[int], floor: int) -> int:

@@ -167,7 +167,7 @@ class RadixFlowCache(UnifiedRadixCache):
 
 def _assert_tracked_seqlen_field() -> None:
     # Adoption on extra_buffer hybrids reads where SGLang snapshots a state inside an in-flight extend
-    # (SchedulingState._tracked_in_extend): prepare_for_extend records it on the request's KV record.
+    # (schedule.in_flight.tracked_in_extend): prepare_for_extend records it on the request's KV record.
     from sglang.srt.managers.schedule_batch import ReqKvInfo
 
     assert "mamba_last_track_seqlen" in {f.name for f in dataclasses.fields(ReqKvInfo)}, (

@@ -5,7 +5,7 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
-from sglang_radixflow.schedule import scan_queue
+from sglang_radixflow.schedule import holds
 from sglang_radixflow.schedule.state import SchedulingState
 
 logger = logging.getLogger("sglang_radixflow")
@@ -86,17 +86,16 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
         if sched.gate.settle(decision, _decide_once(scheduler, decision.hold)):
             return None, running_batch
     sched.begin_pass(scheduler.forward_ct + 1, waiting, rows, tokens)
-    # (With LoRA on, SGLang's scan skips requests whose adapter cannot load before it examines them.)
-    screened = sched.traversal == "skip" and not getattr(scheduler, "enable_lora", False)
-    queue = scan_queue.install(scheduler, sched) if screened else None
+    # Holds need the scan's own iteration (skip traversal; with LoRA on, SGLang's scan passes over requests whose
+    # adapter cannot load before the adder sees them, so nothing is held).
+    held_scan = sched.traversal == "skip" and not getattr(scheduler, "enable_lora", False)
+    queue = holds.install(scheduler, sched.current.holds) if held_scan else None
     try:
         result = orig(scheduler, *args, **kwargs)
     finally:
         stats = sched.end_pass()
         if queue is not None:
-            scan_queue.uninstall(scheduler, queue)
-    if stats is not None:
-        sched.note_queue_after_pass(stats.admitted_reqs, scheduler.waiting_queue)
+            holds.uninstall(scheduler, queue)
     new_batch = result[0] if isinstance(result, tuple) else None
     if stats is not None and new_batch is not None:
         sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)

@@ -34,7 +34,7 @@ def test_soak_waves_complete_equal_native_and_leave_nothing(model_dirs: dict[str
     paths = summary["paths"]
     # the waves exercised what they are for: producers (prefix requests on no_buffer), Blocked consumers, holds
     assert paths["producers"] > 0 and paths["prefix_requests"] > 0, paths
-    assert paths["blocked_skips"] + paths["blocked_screened"] > 0, paths
+    assert paths["blocked_skips"] > 0, paths
     assert paths["promises_published_delta"] > 0, paths
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from sglang_radixflow import cli
 from sglang_radixflow.bench.optimum import Optimum, fewest_rounds, fits
-from sglang_radixflow.schedule.bounds import round_lower_bound
+from sglang_radixflow.bench.bounds import round_lower_bound
 
 
 def test_a_cold_round_that_holds_one_document_costs_a_round_the_bound_does_not_see() -> None:

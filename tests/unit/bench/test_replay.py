@@ -9,7 +9,7 @@ import pytest
 from sglang_radixflow import cli
 from sglang_radixflow.bench import replay
 from sglang_radixflow.bench.fragments import Fragment, RoundRecord
-from sglang_radixflow.schedule.bounds import round_lower_bound
+from sglang_radixflow.bench.bounds import round_lower_bound
 
 
 def test_figure1_radixflow_reaches_the_lower_bound() -> None:

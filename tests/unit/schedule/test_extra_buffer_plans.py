@@ -24,8 +24,8 @@ def _producer_plan(reqs: list, token_hit: int, branch):  # noqa: ANN001, ANN202
     producer = reqs[0]
     producer.prefix_len = 0
     producer.mamba_branching_seqlen = branch
-    return plan_producer(producer, producer.origin_input_ids, reqs[1:], min_gain=32, mode=PublishMode.TRACK,
-                         cache_chunk=GRID, excluded=set(), token_hit=token_hit, branch=native_branch(producer))
+    return plan_producer(producer, reqs[1:], min_gain=32, mode=PublishMode.TRACK, cache_chunk=GRID,
+                         token_hit=token_hit, branch=native_branch(producer))
 
 
 def test_a_new_document_is_published_at_the_siblings_shared_prefix_on_the_grid() -> None:
@@ -44,7 +44,7 @@ def _warm_up(context_len: int, state_hit: int, branch):  # noqa: ANN001, ANN202
     req = make_request("warm", [rng.randrange(3, 2000) for _ in range(context_len)], max_new_tokens=0)
     req.prefix_len = state_hit
     req.mamba_branching_seqlen = branch
-    return plan_cache_only(req, req.origin_input_ids, token_hit=600, min_gain=32, mode=PublishMode.TRACK,
+    return plan_cache_only(req, token_hit=600, min_gain=32, mode=PublishMode.TRACK,
                            cache_chunk=GRID, branch=native_branch(req))
 
 

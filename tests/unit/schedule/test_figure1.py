@@ -33,7 +33,7 @@ from sglang_radixflow.bench.replay import (
     FIG1_BRANCH as BRANCH, FIG1_DOCS as DOCS, FIG1_ORDER as ORDER, FIG1_S as S, FIG1_T as T,
     FIG1_UNRELATED as UNRELATED, Instance, dependency_depth as _depth, figure1_instance as build_instance,
 )
-from sglang_radixflow.schedule.bounds import empty_row_slots, round_lower_bound
+from sglang_radixflow.bench.bounds import empty_row_slots, round_lower_bound
 from sglang_radixflow.schedule.prefix_request import prefix_rid
 
 W, V, D = 12_970, 15, 2

@@ -18,8 +18,7 @@ def _siblings(doc_len: int = 600, tail: int = 20) -> list:
 def _plan(reqs: list, state_hit: int, page_size: int):
     producer, siblings = reqs[0], reqs[1:]
     producer.prefix_len = state_hit
-    return plan_producer(producer, producer.origin_input_ids, siblings, min_gain=1, mode=PublishMode.KV,
-                         cache_chunk=1, excluded=set(), page_size=page_size)
+    return plan_producer(producer, siblings, min_gain=1, mode=PublishMode.KV, cache_chunk=1, page_size=page_size)
 
 
 def test_the_boundary_is_the_last_whole_page_of_the_shared_prefix() -> None:

@@ -4,15 +4,12 @@ producers, then offered again in the same pass. It may reorder admissions, never
 from __future__ import annotations
 
 from typing import Any
-from unittest import mock
-
-from sglang.srt.managers.schedule_batch import Req
 
 from sglang_radixflow.bench.passes import FULL, HYBRID, PassHarness, make_request
 from sglang_radixflow.bench.replay import figure1_instance, make_instance, replay
 from sglang_radixflow.config import ConfigError, load_config
 from sglang_radixflow.schedule.prefix_request import prefix_rid
-from sglang_radixflow.schedule.state import HOLD_RUN_LIMIT, SchedulingState
+from sglang_radixflow.schedule.holds import HOLD_RUN_LIMIT
 
 import pytest
 
@@ -70,10 +67,11 @@ def test_the_round_record_counts_producer_holds() -> None:
     assert record["producer_holds"] == 4 and record["admitted"] == ["u0", "u1", "g0", "u2"]
 
 
-def published_consumers(components: Any, groups: int) -> PassHarness:
+def published_consumers(components: Any, groups: int, producer_rows: int = 2) -> PassHarness:
     """A harness whose tree holds `groups` documents (a state at each one's end on a hybrid), with four consumers of
     each waiting: every one Ready from its document, none a producer (their tails differ at the first token)."""
-    h = PassHarness(components, token_budget=65536, rows=8, kv_size=65536, mamba_cache_size=64, producer_rows=2)
+    h = PassHarness(components, token_budget=65536, rows=8, kv_size=65536, mamba_cache_size=64,
+                    producer_rows=producer_rows)
     docs = [list(range(10_000 * (g + 1), 10_000 * (g + 1) + 300)) for g in range(groups)]
     h.submit(*[make_request(f"d{g}", doc) for g, doc in enumerate(docs)])
     h.run_rounds()
@@ -83,34 +81,21 @@ def published_consumers(components: Any, groups: int) -> PassHarness:
 
 
 @pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
-def test_a_hold_no_producer_could_use_is_not_made(components: Any, monkeypatch: Any) -> None:
-    """Published consumers fill a row-bound pass (S = 8, R = 2). Every request the hold's window would reach is
-    proven a Ready non-producer without matching it, so the scan admits the next ones at once: the same requests as
-    with the hold made (offered again after HOLD_RUN_LIMIT more holds), and SGLang matches 8 instead of 17."""
-    def first_pass(prove: bool) -> tuple[list[str], list[int], int, int]:
-        if not prove:
-            monkeypatch.setattr(SchedulingState, "_producer_hold_is_futile", lambda self: False)
-        h = published_consumers(components, groups=4)
-        matched = [0]
-        original = Req.init_next_round_input
-
-        def counting(self: Req, *a: Any, **k: Any) -> Any:
-            matched[0] += 1
-            return original(self, *a, **k)
-
-        with mock.patch.object(Req, "init_next_round_input", counting):
-            batch = h.run_pass()
-        monkeypatch.undo()
+def test_a_hold_no_producer_uses_admits_what_fcfs_admits(components: Any) -> None:
+    """Published consumers fill a row-bound pass (S = 8, R = 2): none is a producer, so the held ones are offered
+    again after HOLD_RUN_LIMIT more holds and the pass admits FCFS's requests, each from its document's state."""
+    def first_pass(producer_rows: int) -> tuple[list[str], list[int], int]:
+        h = published_consumers(components, groups=4, producer_rows=producer_rows)
+        batch = h.run_pass()
         held = h.cache.rf_sched.pending_pass[1].held
         h.execute()
         h.run_rounds()
         h.assert_idle_invariants()
-        return [r.rid for r in batch], [int(r.prefix_len) for r in batch], held, matched[0]
+        return [r.rid for r in batch], [int(r.prefix_len) for r in batch], held
 
-    proven, made = first_pass(prove=True), first_pass(prove=False)
-    assert proven[:2] == made[:2] == ([f"g{g}c{c}" for g in range(2) for c in range(4)], [300] * 8)
-    assert (proven[2], made[2]) == (0, HOLD_RUN_LIMIT + 1)
-    assert (proven[3], made[3]) == (8, 8 + HOLD_RUN_LIMIT + 1)
+    held, fcfs = first_pass(producer_rows=2), first_pass(producer_rows=0)
+    assert held[:2] == fcfs[:2] == ([f"g{g}c{c}" for g in range(2) for c in range(4)], [300] * 8)
+    assert (held[2], fcfs[2]) == (HOLD_RUN_LIMIT + 1, 0)
 
 
 @pytest.mark.parametrize("components", [FULL, HYBRID], ids=["full", "hybrid"])
@@ -130,12 +115,10 @@ def test_a_producer_past_a_published_document_keeps_the_hold(components: Any) ->
     h.assert_idle_invariants()
 
 
-def test_a_run_of_held_requests_ends_the_look_ahead(monkeypatch: Any) -> None:
-    """A row-bound pass over a long queue with no producer in it (S = 64, R = 2), where the scan cannot prove that
-    before matching (here: the proof switched off): the scan stops looking for producers after HOLD_RUN_LIMIT more
-    Ready requests in a row were held, instead of S positions (each one SGLang matched), and the held ones take the
-    last rows in queue order."""
-    monkeypatch.setattr(SchedulingState, "_producer_hold_is_futile", lambda self: False)
+def test_a_run_of_held_requests_ends_the_look_ahead() -> None:
+    """A row-bound pass over a long queue with no producer in it (S = 64, R = 2): the scan stops looking for
+    producers after HOLD_RUN_LIMIT more Ready requests in a row were held, instead of S positions (each one SGLang
+    matched), and the held ones take the last rows in queue order."""
     h = PassHarness(FULL, token_budget=65536, rows=64, kv_size=65536, max_num_reqs=72, producer_rows=2)
     h.submit(*unrelated(200))
     h.run_pass()

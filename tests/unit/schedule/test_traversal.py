@@ -8,7 +8,7 @@ import pytest
 
 from sglang_radixflow.cache.promises import PromiseState
 from sglang_radixflow.schedule.prefix_request import is_prefix_request, prefix_rid, split_prefix_rid
-from sglang_radixflow.schedule.state import DEFER_COUNT
+from sglang_radixflow.schedule.blocked import DEFER_COUNT
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import PassHarness, make_request
 

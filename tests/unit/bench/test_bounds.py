@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_radixflow.schedule.bounds import empty_row_slots, first_round_bound, round_lower_bound
+from sglang_radixflow.bench.bounds import empty_row_slots, first_round_bound, round_lower_bound
 
 
 def test_paper_figure1_numbers() -> None:
