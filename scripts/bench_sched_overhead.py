@@ -5,16 +5,15 @@ The pass is SGLang's real `Scheduler._get_new_batch_prefill_raw` over real SGLan
 RadixFlowPrefillAdder, Req, ScheduleBatch.init_new, RadixFlowCache on the Python tree core, CPU pools), wrapped by
 radixflow's pass hook, as the unit-test harness runs it (tests/unit/schedule/harness.py). The batch's allocation
 (prepare_for_extend) is outside the timed region in every variant. Each sample: a fresh scheduler with an empty
-tree, a waiting queue of N requests, one timed pass (GC off). Medians over the repeats of process CPU time
+tree, a waiting queue, one timed pass (GC off). Medians over the repeats of process CPU time
 (process_time) and wall time (perf_counter).
 
 Variants: native = RADIXFLOW_ARM=sglang (SGLang's PrefillAdder); rf = RADIXFLOW_ARM=radixflow with native admission
 (the traversal alone); rf+flex = the radixflow arm as deployed, its admission gate included (requests arrived 1 s
 ago: the gate releases on its deadline, i.e. what a loaded server sees).
-Queue state: steady = the requests were seen by an earlier pass, which admitted S/2 others since gone (per-request
-keys cached and indexed, what a long queue looks like pass after pass); cold = every request is new (the first pass
-after a burst of N arrivals). --in-flight: the timed pass follows an untimed one whose round was never processed, as
-under SGLang's overlap scheduler (the first pass's promises are still open: their consumers are Blocked in flight).
+Each sample's timed pass is the scheduler's second: an untimed first pass over N requests admitted and ran its
+round (the synchronous loop), and as many new requests arrived, so N wait again. --in-flight: that round was launched, never processed, as under
+SGLang's overlap scheduler (the first pass's promises are still open: their consumers are Blocked in flight).
 SGLang's FCFS policy also re-touches the first 128 waiting prefixes on one pass in 32 (same work in every variant):
 the timed pass is one of the other 31 unless --refresh.
 
@@ -25,12 +24,9 @@ in 5 requests). `--queue unrelated`: only the unrelated requests (nothing shared
 end on hybrids): the pass after the producers' round, where every sibling is a Ready consumer.
 Budgets S = 64 rows, T = 16384 tokens: a pass admits a few dozen requests.
 
-    python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid] [--cold]
+    python scripts/bench_sched_overhead.py [--sizes 10 100 1000] [--repeats 21] [--config full hybrid]
                                            [--slot-wait] [--in-flight] [--producer-rows R] [--chunk-last 0|1]
-    python scripts/bench_sched_overhead.py --breakdown 1000   # time inside radixflow's own hooks vs SGLang's code
     python scripts/bench_sched_overhead.py --profile 1000     # cProfile of the radixflow pass
-    python scripts/bench_sched_overhead.py --bytecodes 1000 --queue consumers   # bytecodes of one pass (deterministic),
-                                                                                # SGLang's own code in it split out
     python scripts/bench_sched_overhead.py --drain 1000       # every pass until a queue of 1000 drains
     python scripts/bench_sched_overhead.py --drain 1000 --profile 0   # ... radixflow's code vs SGLang's in it
 
@@ -43,10 +39,8 @@ processed before the next pass): passes, total pass CPU, CPU per request served,
 from __future__ import annotations
 
 import argparse
-import collections
 import cProfile
 import gc
-import importlib
 import os
 import pstats
 import random
@@ -55,7 +49,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,24 +139,27 @@ def fill(h: PassHarness, n: int) -> list[Req]:
     return queue
 
 
-def prepared(config: str, variant: str, n: int, steady: bool) -> PassHarness:
+def prepared(config: str, variant: str, n: int) -> PassHarness:
+    """A scheduler whose timed pass is its second, with n waiting: the first pass (untimed) admitted and ran its
+    round, as on a server pass after pass, and new requests arrived in place of those it admitted. With --in-flight
+    that round is launched, not processed."""
     h = new_harness(config, variant, n, S + 16)
+    fill(h, n)
+    with model_free():
+        first = one_pass(h)[0]
+    h.sched.chunked_req = None  # a chunk the first pass may leave is dropped (never continued)
+    if first is not None and not IN_FLIGHT[0]:
+        h.execute(first)
+    arrivals = make_queue(n - len(h.waiting), seed=7)  # new documents (not published under --queue consumers)
+    for req in arrivals:
+        req.rid = f"new-{req.rid}"
+    h.submit(*arrivals)
+    for req in arrivals:
+        req.time_stats.wait_queue_entry_time -= 1.0
     # SGLang's FCFS policy re-touches (LRU) the prefixes of the first 128 waiting requests on one pass in
-    # WAITING_PREFIX_REFRESH_INTERVAL (32): a fresh policy would do it on this pass. Time the common pass unless asked.
+    # WAITING_PREFIX_REFRESH_INTERVAL (32). Time the common pass unless asked.
     assert hasattr(h.sched.policy, "_waiting_prefix_refresh_calls"), "SGLang's waiting-prefix refresh counter"
     h.sched.policy._waiting_prefix_refresh_calls = 0 if REFRESH[0] else 1
-    queue = fill(h, n)
-    if variant != "native" and steady:
-        # What the previous pass left indexed: this queue plus the requests it admitted, which then left.
-        previous = make_queue(S // 2, seed=1)
-        h.cache.rf_sched.index_waiting(previous + queue)
-        h.cache.rf_sched.note_queue_after_pass(previous, queue)
-    if IN_FLIGHT[0]:
-        # SGLang's overlap scheduler runs the next pass before this round's results are processed: its producers'
-        # promises are still open. Same protocol for every variant; the chunk it may leave is dropped (never run).
-        with model_free():
-            one_pass(h)
-        h.sched.chunked_req = None
     return h
 
 
@@ -213,7 +210,7 @@ class Sample:
 
 def count_visits(config: str, variant: str, n: int) -> int:
     """Requests the pass examined (init_next_round_input calls), from a separate untimed pass."""
-    h = prepared(config, variant, n, steady=True)
+    h = prepared(config, variant, n)
     calls = [0]
     orig = Req.init_next_round_input
 
@@ -226,14 +223,14 @@ def count_visits(config: str, variant: str, n: int) -> int:
     return calls[0]
 
 
-def measure(config: str, n: int, repeats: int, steady: bool, warmup: int = 2) -> dict[str, Sample]:
+def measure(config: str, n: int, repeats: int, warmup: int = 2) -> dict[str, Sample]:
     """All variants, interleaved sample by sample so that load from other processes hits them alike."""
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
     admitted: dict[str, int] = {}
     for i in range(warmup + repeats):
         for v in VARIANTS:
-            wall, cpu, admitted[v] = timed_pass(prepared(config, v, n, steady))
+            wall, cpu, admitted[v] = timed_pass(prepared(config, v, n))
             if i >= warmup:
                 walls[v].append(wall)
                 cpus[v].append(cpu)
@@ -243,183 +240,21 @@ def measure(config: str, n: int, repeats: int, steady: bool, warmup: int = 2) ->
     }
 
 
-def table(configs: list[str], sizes: list[int], repeats: int, steady: bool) -> None:
+def table(configs: list[str], sizes: list[int], repeats: int) -> None:
     ms = lambda s: f"{s * 1e3:8.3f}"  # noqa: E731
-    state = ("steady" if steady else "cold") + (", after a pass still in flight" if IN_FLIGHT[0] else "")
-    state += f", {QUEUE[0]}"
+    state = QUEUE[0] + (", after a pass still in flight" if IN_FLIGHT[0] else "")
     print(f"\none prefill pass, {state} queue, S={S} rows, T={T} tokens, "
           f"median of {repeats}: CPU ms (ratio to native) | wall ms | admitted / examined requests")
     print(f"{'config':7} {'N':>5} | {'native':>8} {'rf':>8} {'':7} {'rf+flex':>8} {'':7} | {'native':>8} {'rf':>8}"
           f" {'rf+flex':>8} | {'native':>7} {'rf':>7} {'rf+flex':>7}")
     for config in configs:
         for n in sizes:
-            s = measure(config, n, repeats, steady)
+            s = measure(config, n, repeats)
             nat = s["native"]
             print(f"{config:7} {n:5d} | {ms(nat.cpu)} {ms(s['rf'].cpu)} ({s['rf'].cpu / nat.cpu:4.2f}x)"
                   f" {ms(s['rf+flex'].cpu)} ({s['rf+flex'].cpu / nat.cpu:4.2f}x) |"
                   f" {ms(nat.wall)} {ms(s['rf'].wall)} {ms(s['rf+flex'].wall)} |"
                   + "".join(f" {x.admitted:>3}/{x.visits:<3}" for x in s.values()), flush=True)
-
-
-# radixflow's own code on the pass path: everything else the pass runs is SGLang's.
-OWN_CODE: tuple[tuple[str, Optional[str], str], ...] = (
-    ("sglang_radixflow.schedule.admission", "AdmissionGate", "decide"),
-    ("sglang_radixflow.schedule.binding", None, "budgets"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "begin_pass"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "end_pass"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "note_queue_after_pass"),
-    ("sglang_radixflow.schedule.scan_queue", None, "install"),
-    ("sglang_radixflow.schedule.scan_queue", None, "uninstall"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "blocking_promise"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "note_blocked"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "plan"),
-    ("sglang_radixflow.schedule.state", "SchedulingState", "note_admitted"),
-    ("sglang_radixflow.schedule.adder", None, "release_staged"),
-    ("sglang_radixflow.schedule.adder", "RadixFlowPrefillAdder", "_provably_cut"),
-    ("sglang_radixflow.schedule.adder", "RadixFlowPrefillAdder", "_select_prefill_admission"),
-    ("sglang_radixflow.cache.tree", "RadixFlowCache", "match_prefix"),
-)
-OWN_PACKAGE = "sglang_radixflow/"  # source files of radixflow's own code (--bytecodes)
-# Overrides that call back into SGLang: their SGLang part is timed separately and subtracted.
-SUPERS = {
-    "RadixFlowPrefillAdder._select_prefill_admission": (
-        "sglang.srt.managers.schedule_policy", "PrefillAdder", "_select_prefill_admission"),
-    "RadixFlowCache.match_prefix": ("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache", "match_prefix"),
-}
-
-
-def breakdown(config: str, n: int, repeats: int, variant: str = "rf+flex") -> None:
-    """ms per pass inside each radixflow hook (steady queue) vs the rest of the pass (SGLang's code), and SGLang's
-    per-candidate cost (Req.init_next_round_input, run for every request the scan examines). Minimum over the
-    repeats (the estimate least inflated by other processes) and median."""
-    acc: dict[str, float] = {}
-    calls: dict[str, int] = {}
-
-    def timer(orig: Callable[..., Any], key: str) -> Callable[..., Any]:
-        def timed(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return orig(*a, **k)
-            finally:
-                acc[key] += time.perf_counter() - t0
-                calls[key] += 1
-        return timed
-
-    sglang_visit = "SGLang Req.init_next_round_input"
-    targets = [(m, c, f, f"{c + '.' if c else ''}{f}") for m, c, f in OWN_CODE]
-    targets += [(m, c, f, key + " [SGLang]") for key, (m, c, f) in SUPERS.items()]
-    targets.append(("sglang.srt.managers.schedule_batch", "Req", "init_next_round_input", sglang_visit))
-    patches = []
-    for module_name, cls_name, fn, key in targets:
-        module = importlib.import_module(module_name)
-        owner = getattr(module, cls_name) if cls_name else module
-        patches.append(mock.patch.object(owner, fn, timer(getattr(owner, fn), key)))
-    samples: dict[str, list[dict[str, float]]] = {"native": [], variant: []}
-    counts: dict[str, dict[str, int]] = {}
-    for p in patches:
-        p.start()
-    try:
-        for i in range(repeats + 2):
-            for v in samples:
-                acc.clear()
-                calls.clear()
-                for *_, key in targets:
-                    acc[key], calls[key] = 0.0, 0
-                wall, _, _ = timed_pass(prepared(config, v, n, steady=True))
-                if i >= 2:
-                    own = {k: x for k, x in acc.items() if k != sglang_visit and not k.endswith("[SGLang]")}
-                    for key in SUPERS:
-                        own[key] -= acc[key + " [SGLang]"]
-                    samples[v].append({"pass": wall, sglang_visit: acc[sglang_visit], **own})
-                    counts[v] = dict(calls)
-    finally:
-        for p in patches:
-            p.stop()
-
-    def stat(v: str, key: str) -> str:
-        xs = [x[key] * 1e3 for x in samples[v]]
-        return f"{min(xs):7.3f} {statistics.median(xs):7.3f}"
-
-    print(f"\nbreakdown ({variant}, {config}, N={n}, steady queue), wall ms per pass [min median], timers included")
-    print(f"  {'native pass':52} {stat('native', 'pass')}")
-    print(f"  {variant + ' pass':52} {stat(variant, 'pass')}")
-    for key in samples[variant][0]:
-        if key not in ("pass", sglang_visit):
-            print(f"    {key:50} {stat(variant, key)}   x{counts[variant][key]}")
-    for x in samples[variant]:
-        x["own"] = sum(val for k, val in x.items() if k not in ("pass", sglang_visit, "own"))
-        x["sglang"] = x["pass"] - x["own"]
-    print(f"  {'radixflow code, total':52} {stat(variant, 'own')}")
-    print(f"  {'SGLang code in the ' + variant + ' pass':52} {stat(variant, 'sglang')}")
-    for v in samples:
-        print(f"  {sglang_visit + ' (' + v + ')':52} {stat(v, sglang_visit)}   x{counts[v][sglang_visit]}")
-
-
-# radixflow's frames that hand work to SGLang as SGLang's own pass would: SGLang code whose nearest radixflow frame up
-# the stack is one of these runs at SGLang's own call sites (its scan, adder, match), in either variant. Every other
-# radixflow frame calls SGLang on radixflow's behalf (a key limit, a dataclass's __init__).
-PASS_THROUGH = {"run_prefill_pass", "add_one_req", "_select_prefill_admission", "match_prefix", "__iter__", "screen",
-                "_offer_held"}
-
-
-@dataclass
-class Bytecodes:
-    total: int
-    own: collections.Counter  # radixflow's own code, by function
-    sglang_sites: int  # SGLang's code run from its own call sites (PASS_THROUGH)
-    admitted: int
-
-
-def count_bytecodes(config: str, variant: str, n: int) -> Bytecodes:
-    """Python bytecodes executed in one steady pass at size n: a deterministic count, steadier than CPU time between
-    sittings (`sys.settrace` with `f_trace_opcodes`; builtins and C code count nothing). Two untimed passes first
-    warm the same code paths."""
-    with model_free():
-        for _ in range(2):
-            one_pass(prepared(config, variant, n, steady=True))
-        h = prepared(config, variant, n, steady=True)
-        own: collections.Counter = collections.Counter()
-        total, sites = [0], [0]
-
-        def tracer(frame: Any, event: str, arg: Any) -> Any:
-            frame.f_trace_opcodes = True
-            if event == "opcode":
-                total[0] += 1
-                code = frame.f_code
-                if OWN_PACKAGE in code.co_filename:
-                    own[f"{code.co_filename.rsplit(OWN_PACKAGE, 1)[1]}:{code.co_name}"] += 1
-                else:
-                    caller = frame.f_back
-                    while caller is not None and OWN_PACKAGE not in caller.f_code.co_filename:
-                        caller = caller.f_back
-                    sites[0] += caller is None or caller.f_code.co_name in PASS_THROUGH
-            return tracer
-
-        sys.settrace(tracer)
-        try:
-            batch, _ = one_pass(h)
-        finally:
-            sys.settrace(None)
-    return Bytecodes(total[0], own, sites[0], len(batch.reqs) if batch is not None else 0)
-
-
-def bytecodes(config: str, n: int, variant: str = "rf+flex", top: int = 12) -> None:
-    """`--bytecodes N`: one steady pass's bytecodes, native against `variant`, and radixflow's own busiest functions.
-    (The native pass runs radixflow's cache too: the `sglang` arm's, as in every table here.) SGLang's code run from
-    its own call sites in the radixflow pass is what no change to radixflow's code can remove without changing the
-    schedule: its scan, adder and match on the requests the pass examines and admits."""
-    base = count_bytecodes(config, "native", n)
-    rf = count_bytecodes(config, variant, n)
-    print(f"\nbytecodes of one steady pass ({config}, {QUEUE[0]} queue, N={n}): native {base.total / 1e3:.1f}k "
-          f"(radixflow's cache and hooks in it {sum(base.own.values()) / 1e3:.1f}k), {variant} {rf.total / 1e3:.1f}k "
-          f"({rf.total / base.total:.3f}x; radixflow's own code {sum(rf.own.values()) / 1e3:.1f}k)")
-    induced = rf.total - rf.sglang_sites - sum(rf.own.values())
-    print(f"  SGLang's code from its own call sites: native {base.sglang_sites / 1e3:.1f}k, {variant} "
-          f"{rf.sglang_sites / 1e3:.1f}k ({rf.sglang_sites / base.total:.3f}x native's whole pass); SGLang's code "
-          f"radixflow calls (prefix requests, key limits, ...): {induced / 1e3:.1f}k; requests admitted: native "
-          f"{base.admitted}, {variant} {rf.admitted}")
-    for name, count in rf.own.most_common(top):
-        print(f"  {count:8d}  {name}")
 
 
 @dataclass
@@ -504,11 +339,11 @@ def drain_profile(config: str, n: int) -> None:
 
 
 def profile(config: str, n: int, top: int = 30) -> None:
-    h = prepared(config, "rf+flex", n, steady=True)
+    h = prepared(config, "rf+flex", n)
     prof = cProfile.Profile()
     with model_free():
         prof.runcall(one_pass, h)
-    print(f"\ncProfile, rf+flex pass, {config}, N={n}, steady queue")
+    print(f"\ncProfile, rf+flex pass, {config}, N={n}")
     pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
@@ -518,7 +353,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=["full", "hybrid"])
-    ap.add_argument("--cold", action="store_true", help="also the table for a queue of new requests")
     ap.add_argument("--slot-wait", action="store_true", help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 (hybrid no_buffer)")
     ap.add_argument("--in-flight", action="store_true",
                     help="time the pass after an unprocessed one (overlap scheduler: its promises still open)")
@@ -531,11 +365,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="RADIXFLOW_PRODUCER_ROWS for the radixflow variants (default: the arm's, 2)")
     ap.add_argument("--chunk-last", type=int, choices=(0, 1), default=None,
                     help="RADIXFLOW_CHUNK_LAST for the radixflow variants (default: the arm's, 1)")
-    ap.add_argument("--breakdown", type=int, default=None, metavar="N", help="time radixflow's hooks at size N")
     ap.add_argument("--profile", type=int, default=None, metavar="N",
                     help="cProfile the radixflow pass at size N (with --drain: split the drain's CPU, N unused)")
-    ap.add_argument("--bytecodes", type=int, default=None, metavar="N",
-                    help="count the Python bytecodes of one steady pass at size N (native and rf+flex)")
     ap.add_argument("--drain", type=int, default=None, metavar="N",
                     help="time every pass while a queue of N requests drains (rounds run in between)")
     ap.add_argument("--mamba-slots", type=int, default=MAMBA_SLOTS[0],
@@ -545,9 +376,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     IN_FLIGHT[0] = args.in_flight
     REFRESH[0] = args.refresh
     QUEUE[0] = args.queue
-    if args.drain is not None and (args.in_flight or args.cold or args.refresh or args.breakdown is not None):
-        ap.error("--drain runs the synchronous loop from a queue of new requests, refreshes as SGLang's policy does, "
-                 "and times whole passes: it takes none of --in-flight, --cold, --refresh, --breakdown")
+    if args.drain is not None and (args.in_flight or args.refresh):
+        ap.error("--drain runs the synchronous loop from a queue of new requests and refreshes as SGLang's policy "
+                 "does: it takes neither --in-flight nor --refresh")
     if args.mamba_slots < S + 16:
         ap.error(f"--mamba-slots {args.mamba_slots}: a round's {S} rows need at least {S + 16} slots")
     MAMBA_SLOTS[0] = args.mamba_slots
@@ -564,17 +395,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for config in args.config:
             profile(config, args.profile)
         return 0
-    if args.breakdown is not None:
-        for config in args.config:
-            breakdown(config, args.breakdown, args.repeats)
-        return 0
-    if args.bytecodes is not None:
-        for config in args.config:
-            bytecodes(config, args.bytecodes)
-        return 0
-    table(args.config, args.sizes, args.repeats, steady=True)
-    if args.cold:
-        table(args.config, args.sizes, args.repeats, steady=False)
+    table(args.config, args.sizes, args.repeats)
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from array import array
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Hashable, Iterable, Iterator, Optional, Sequence
 
 
 class PromiseState(enum.Enum):

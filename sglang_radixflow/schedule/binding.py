@@ -93,9 +93,9 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
     try:
         result = orig(scheduler, *args, **kwargs)
     finally:
-        stats = sched.end_pass()
         if queue is not None:
             holds.uninstall(scheduler, queue)
+        stats = sched.end_pass(scheduler.waiting_queue)
     new_batch = result[0] if isinstance(result, tuple) else None
     if stats is not None and new_batch is not None:
         sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)

@@ -9,7 +9,7 @@ A request is Blocked when, within its deferral bound, either
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable
 from sglang_radixflow.schedule.in_flight import Adoption, InFlightTable

@@ -79,6 +79,8 @@ class HoldingQueue(list):
         self.holds = holds
 
     def __iter__(self) -> Iterator[Any]:
+        if self.holds.scan is not None:  # the scan is known: a later iteration (SGLang's rebuild) sees the list
+            return list.__iter__(self)
         return self._iterate(object())
 
     def _iterate(self, me: object) -> Iterator[Any]:

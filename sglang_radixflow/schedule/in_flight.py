@@ -15,7 +15,7 @@ from sglang_radixflow.schedule.producers import request_tokens
 from sglang_radixflow.schedule.siblings import SiblingKey, sibling_key
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class InFlightRequest:
     req: Any
     extend_end: int  # its KV up to here lands when its round's results are processed
@@ -80,7 +80,8 @@ class InFlightTable:
                 del self._by_key[key]
 
     def on_key(self, key: Optional[SiblingKey]) -> list[InFlightRequest]:
-        return list(self._by_key.get(key, {}).values()) if key is not None else []
+        group = self._by_key.get(key) if key is not None else None
+        return list(group.values()) if group else []
 
     def requests(self) -> list[Any]:
         return [entry.req for group in self._by_key.values() for entry in group.values()]

@@ -25,7 +25,7 @@ from sglang_radixflow.schedule.producers import (
     ProducerPlan, PublishMode, is_cache_only, namespace_of, native_branch, plan_cache_only, plan_producer,
     request_tokens,
 )
-from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingGroups
+from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingIndex
 
 logger = logging.getLogger("sglang_radixflow")
 SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
@@ -44,7 +44,7 @@ class Pass:
     token_budget: Optional[int]
     holds: Holds
     began: float = field(default_factory=time.perf_counter)  # the first-selection time of what it admits
-    siblings: Optional[SiblingGroups] = None  # grouped when a request first asks for its siblings
+    indexed: bool = False  # the sibling index was synced with `waiting` (when a request first asks)
     admitted_ids: set[int] = field(default_factory=set)
     non_producers: int = 0  # admitted; producer rows hold Ready ones past S - R of these
 
@@ -66,6 +66,8 @@ class SchedulingState:
         self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
         self.records = PassRecords(self.promises)
         self.in_flight = InFlightTable()
+        self.siblings = SiblingIndex()
+        self.rules = self._rules()
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
@@ -90,8 +92,7 @@ class SchedulingState:
         self.disable_hold(reason)
         self.config = replace(self.config, fragmentation=False)
 
-    @property
-    def rules(self) -> BlockingRules:
+    def _rules(self) -> BlockingRules:
         return BlockingRules(self.config.min_gain_tokens, self.config.max_defer_rounds,
                              partial=self.mode is PublishMode.KV, page_size=self.page_size)
 
@@ -105,15 +106,19 @@ class SchedulingState:
                    token_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         self.in_flight.forget_before(round_id - 1)
+        self.rules = self._rules()  # the config may be replaced between passes
         self.current = Pass(PassStats(round_id=round_id, waiting=len(waiting)), waiting, row_budget, token_budget,
                             Holds(lookahead=row_budget or 1))
 
-    def end_pass(self) -> Optional[PassStats]:
-        """The pass is over: the hits of what it admitted, summed and written to each response's meta channel."""
+    def end_pass(self, remaining: list[Any]) -> Optional[PassStats]:
+        """The pass is over and SGLang's queue is `remaining`: the hits of what it admitted, summed and written to
+        each response's meta channel."""
         current, self.current = self.current, None
         if current is None:
             return None
         stats = current.stats
+        if current.indexed:
+            self.siblings.left(stats.admitted_reqs, remaining)
         for req in stats.admitted_reqs:
             # SGLang matches a request once per pass, and nothing after the adder moves its prefix_len
             token_hit, state_hit = int(getattr(req, REQ_TOKEN_HIT, 0)), int(req.prefix_len)
@@ -132,10 +137,11 @@ class SchedulingState:
     def siblings_of(self, req: Any) -> list[Any]:
         """req's waiting siblings not admitted in this pass."""
         assert self.current is not None
-        if self.current.siblings is None:
-            self.current.siblings = SiblingGroups(self.current.waiting)
+        if not self.current.indexed:
+            self.siblings.sync(self.current.waiting)
+            self.current.indexed = True
         admitted = self.current.admitted_ids
-        return [sib for sib in self.current.siblings.siblings_of(req) if id(sib) not in admitted]
+        return [sib for sib in self.siblings.siblings_of(req) if id(sib) not in admitted]
 
     # ---- verdicts ----
     def blocking_promise(self, req: Any) -> Optional[Promise]:

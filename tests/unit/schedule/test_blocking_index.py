@@ -2,6 +2,7 @@
 tokens, and the longest-common-prefix search."""
 from __future__ import annotations
 
+import itertools
 import random
 from array import array
 
@@ -9,7 +10,7 @@ from sglang_radixflow.cache.promises import Promise, PromiseTable, longest_commo
 from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.schedule.blocked import DEFER_COUNT
 from sglang_radixflow.schedule.producers import PublishMode, key_limit, namespace_of, request_tokens
-from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingGroups, sibling_key
+from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingIndex, sibling_key
 from sglang_radixflow.schedule.state import SchedulingState
 from tests.unit.schedule.harness import make_request
 
@@ -46,9 +47,35 @@ def test_request_tokens_and_sibling_keys() -> None:
     assert sibling_key(a1) == sibling_key(a2) != sibling_key(make_request("b", DOC_B))
     assert sibling_key(a1) != sibling_key(make_request("a-salted", DOC_A + [1], cache_salt="t"))
     assert sibling_key(make_request("short", DOC_A[:INDEX_PREFIX])) is None
-    groups = SiblingGroups([a1, a2, make_request("b", DOC_B), a1])  # a request queued twice counts once
-    assert groups.siblings_of(a1) == [a2] and groups.siblings_of(a2) == [a1]
-    assert groups.siblings_of(make_request("short", DOC_A[:INDEX_PREFIX])) == []
+    index = SiblingIndex()
+    index.sync([a1, a2, make_request("b", DOC_B), a1])  # a request queued twice counts once
+    assert index.siblings_of(a1) == [a2] and index.siblings_of(a2) == [a1]
+    assert index.siblings_of(make_request("short", DOC_A[:INDEX_PREFIX])) == []
+
+
+def test_the_sibling_index_follows_the_queue_across_passes() -> None:
+    """Passes admit requests, arrivals join the end of the queue, and now and then a request is aborted from the
+    middle, a preempted one is queued again, or a pass never reads the index: after any such sequence the index
+    holds the siblings that an index built from the current queue alone holds."""
+    rng = random.Random(3)
+    docs = [list(range(1000 * d, 1000 * d + 40)) for d in range(4)]
+    pool = [make_request(f"r{i}", rng.choice(docs) + [i], cache_salt=rng.choice([None, "t"])) for i in range(80)]
+    index, queue, fresh_ids = SiblingIndex(), [], iter(range(len(pool)))
+    for _ in range(60):
+        queue += [pool[i] for i in itertools.islice(fresh_ids, rng.randint(0, 4))]  # arrivals
+        if queue and rng.random() < 0.2:
+            queue.pop(rng.randrange(len(queue)))  # an abort
+        if rng.random() < 0.2:
+            continue  # a pass that never asked for siblings
+        index.sync(queue)
+        for req in pool:
+            expected = sorted(o.rid for o in queue if o is not req and sibling_key(o) == sibling_key(req))
+            assert sorted(o.rid for o in index.siblings_of(req)) == expected
+        admitted = [r for r in queue if rng.random() < 0.3]
+        queue = [r for r in queue if r not in admitted]
+        if admitted and rng.random() < 0.2:
+            queue.append(admitted.pop())  # preempted: SGLang queues it again after the pass
+        index.left(admitted, queue)
 
 
 def test_index_gives_the_same_verdicts_as_the_full_table() -> None:
@@ -99,7 +126,7 @@ def test_nothing_blocks_outside_a_pass_or_with_the_traversal_off() -> None:
     producer, consumer = make_request("p", DOC_A + [7]), make_request("c", DOC_A + [8])
     promise_for(sched, producer, len(DOC_A))
     assert sched.blocking_promise(consumer) is not None
-    sched.end_pass()
+    sched.end_pass([])
     assert sched.blocking_promise(consumer) is None
     sched.begin_pass(2, [consumer])
     sched.disable_traversal("test")

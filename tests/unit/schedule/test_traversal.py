@@ -55,7 +55,7 @@ def test_skip_admits_producer_and_unrelated_and_defers_consumers_on_hybrid() -> 
     for req in h.waiting:
         assert req.kv.mamba_cow_src_index is None and not req.kv.mamba_needs_clear and not req.kv.holds_mamba
     assert h.pool.mamba_allocator.available_size() == free_slots
-    assert h.cache.rf_sched.end_pass() is None  # the pass closed its scratch
+    assert h.cache.rf_sched.end_pass([]) is None  # the pass closed its scratch
 
 
 def test_aborting_the_producer_leaves_its_prefix_request_running() -> None:
