@@ -166,7 +166,7 @@ def _around_prefill_pass(orig: Any, scheduler: Any, *args: Any, **kwargs: Any) -
 def _around_run_batch(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
     if getattr(scheduler.tree_cache, "rf_sched", None) is None:
         return orig(scheduler, batch, *args, **kwargs)
-    from sglang_radixflow.schedule.binding import run_batch
+    from sglang_radixflow.observe.rounds import run_batch
 
     return run_batch(orig, scheduler, batch, *args, **kwargs)
 

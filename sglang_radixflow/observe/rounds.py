@@ -7,8 +7,9 @@ were left and a later waiting request was not blocked by any promise (SGLang's b
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sglang_radixflow.observe.trace import TraceWriter
 
@@ -96,3 +97,28 @@ class RoundRecorder:
             delta = record.get(f"promises_{outcome}_delta", 0)
             if delta:
                 m["promises"].labels(outcome=outcome).inc(delta)
+
+
+def run_batch(orig: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """One worker call (Scheduler.run_batch): host time c(B_t) and the round record, with what the prefill pass that
+    built the batch decided (SchedulingState.pending_pass)."""
+    sched = scheduler.tree_cache.rf_sched
+    start = time.perf_counter()
+    result = orig(scheduler, batch, *args, **kwargs)
+    host_time = time.perf_counter() - start
+    sched.gate.forget_demands()
+    mode = batch.forward_mode
+    kind = "mixed" if mode.is_mixed() else "prefill" if mode.is_extend() else "decode" if mode.is_decode() else "idle"
+    record: dict[str, Any] = {
+        "round": int(scheduler.forward_ct), "kind_of_round": kind, "rows": len(batch.reqs),
+        "tokens": int(batch.extend_num_tokens or 0) if kind in ("prefill", "mixed") else len(batch.reqs),
+        "host_time_s": host_time,
+    }
+    pending = sched.pending_pass
+    if pending is not None and pending[0] is batch:
+        sched.pending_pass = None
+        _, stats, row_budget, token_budget, waiting_after = pending
+        record.update(sched.pass_record(stats, row_budget, token_budget, waiting_after))
+    record.update(sched.records.promise_record())
+    sched.recorder.record(record)
+    return result

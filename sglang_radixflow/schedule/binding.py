@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Optional
 
 from sglang_radixflow.schedule import holds
@@ -100,29 +99,6 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
     if stats is not None and new_batch is not None:
         sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)
     elif stats is not None:
-        sched.carry_empty_pass(stats)
+        sched.records.carry_empty_pass(stats)
     return result
 
-
-def run_batch(orig: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-    """One worker call: host time c(B_t) and the round record."""
-    sched: SchedulingState = scheduler.tree_cache.rf_sched
-    start = time.perf_counter()
-    result = orig(scheduler, batch, *args, **kwargs)
-    host_time = time.perf_counter() - start
-    sched.gate.forget_demands()
-    mode = batch.forward_mode
-    kind = "mixed" if mode.is_mixed() else "prefill" if mode.is_extend() else "decode" if mode.is_decode() else "idle"
-    record: dict[str, Any] = {
-        "round": int(scheduler.forward_ct), "kind_of_round": kind, "rows": len(batch.reqs),
-        "tokens": int(batch.extend_num_tokens or 0) if kind in ("prefill", "mixed") else len(batch.reqs),
-        "host_time_s": host_time,
-    }
-    pending = sched.pending_pass
-    if pending is not None and pending[0] is batch:
-        sched.pending_pass = None
-        _, stats, row_budget, token_budget, waiting_after = pending
-        record.update(sched.pass_record(stats, row_budget, token_budget, waiting_after))
-    record.update(sched.promise_record())
-    sched.recorder.record(record)
-    return result

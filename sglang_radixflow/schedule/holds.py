@@ -87,16 +87,11 @@ class HoldingQueue(list):
         holds = self.holds
         for position, req in enumerate(list.__iter__(self)):
             if holds.scan is me and holds.due(position):
-                yield from self._offer(me)
+                yield from holds.offer()  # (still `yielding`: nothing else iterates during the scan)
             holds.position, holds.yielding = position, me
             yield req
         if holds.scan is me and holds.held:
-            yield from self._offer(me)
-
-    def _offer(self, me: object) -> Iterator[Any]:
-        for req in self.holds.offer():
-            self.holds.yielding = me
-            yield req
+            yield from holds.offer()
 
 
 def install(scheduler: Any, holds: Holds) -> HoldingQueue:

@@ -51,9 +51,6 @@ class InFlightTable:
     def __init__(self) -> None:
         self._by_key: dict[SiblingKey, dict[int, InFlightRequest]] = {}
 
-    def __bool__(self) -> bool:
-        return bool(self._by_key)
-
     def track(self, req: Any, round_id: int) -> None:
         key = sibling_key(req)
         if key is None or not lands_under_token_ids(req):
@@ -82,9 +79,6 @@ class InFlightTable:
     def on_key(self, key: Optional[SiblingKey]) -> list[InFlightRequest]:
         group = self._by_key.get(key) if key is not None else None
         return list(group.values()) if group else []
-
-    def requests(self) -> list[Any]:
-        return [entry.req for group in self._by_key.values() for entry in group.values()]
 
     def best_adoption(self, req: Any, tokens: Sequence[int], need: int, limit: int, partial: bool,
                       page_size: int) -> Optional[Adoption]:

@@ -86,9 +86,7 @@ def plan_producer(
 ) -> Optional[ProducerPlan]:
     """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise.
 
-    The tree holds whole pages only, so what a sibling can reuse is its shared prefix rounded down to a page: the
-    boundary is a page multiple, and none is planned when rounding leaves less than min_gain past the producer's
-    state hit.
+    The tree holds whole pages only: a sibling reuses its shared prefix rounded down to a page.
 
     no_buffer hybrids: when the tree already holds KV past the producer's state (ĥ >= h + min_gain), ĥ is a branch
     point (a document seen before under another question) where no state exists: the boundary is capped at ĥ, so

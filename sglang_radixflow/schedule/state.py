@@ -200,14 +200,10 @@ class SchedulingState:
         return True
 
     def holds_cut(self, req: Any, extend: int, plan: Optional[ProducerPlan] = None, token_hit: int = 0) -> bool:
-        """Chunk-last: whether the scan passes over `req`, which the rest of the token budget would cut into a chunk
-        (SGLang's chunk takes whatever is left and ends the scan, so every whole request behind it would wait a
-        round). Only a request that fits one full budget (`extend` <= T): it would need next round anyway. A longer
-        one is never held (a smaller first chunk could cost it a round). At most max_defer_rounds passes each.
-
-        `plan`: req's producer plan (`token_hit`: its ĥ). Its waiting siblings that share at least min_gain tokens
-        past what the tree holds are held with it when the scan reaches them: admitted before it they would compute
-        that prefix once more, and one as big would be cut too."""
+        """Chunk-last: whether the scan passes over `req`, which the rest of the token budget would cut (SGLang's chunk
+        takes what is left and ends the scan, so the whole requests behind it would wait a round). Only a request that
+        fits one full budget (`extend` <= T); at most max_defer_rounds passes each. With a producer plan (ĥ:
+        `token_hit`), the siblings it serves past ĥ are held with it: admitted first, they would compute it again."""
         current = self.current
         assert current is not None
         if not self.config.chunk_last or not current.holds.can_hold():
@@ -320,16 +316,10 @@ class SchedulingState:
         return min(ahead) if ahead else None
 
     # ---- records ----
-    def carry_empty_pass(self, stats: PassStats) -> None:
-        self.records.carry_empty_pass(stats)
-
     def pass_record(self, stats: PassStats, row_budget: int, token_budget: Optional[int], waiting_after: list[Any]
                     ) -> dict[str, Any]:
         return self.records.pass_record(stats, row_budget, token_budget, waiting_after, self.gate.holds,
                                         self.is_blocked_by_promise)
-
-    def promise_record(self) -> dict[str, Any]:
-        return self.records.promise_record()
 
     # ---- publication (called by the cache) ----
     def on_checkpoint(self, req: Any, up_to: int, ready_len: Callable[[Promise], int], round_id: int) -> None:

@@ -149,7 +149,7 @@ def test_a_released_request_in_flight_releases_its_adopters() -> None:
     # What the cache does when c0 is released before its results land (e.g. aborted): the promise is cancelled ...
     h.cache.rf_sched.on_release(c0, round_id=2)
     assert not list(h.cache.rf_sched.promises.open_promises())
-    assert h.cache.rf_sched.promise_record()["promises_cancelled_reasons"] == {
+    assert h.cache.rf_sched.records.promise_record()["promises_cancelled_reasons"] == {
         "producer released before publishing": 1}
     # ... and the sibling runs at the next pass, from what the tree holds, without adopting c0 again.
     (batch,) = h.run_pass()

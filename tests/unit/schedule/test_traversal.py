@@ -181,10 +181,10 @@ def test_cancelled_promise_releases_its_consumers() -> None:
     h.sched.chunked_req = None
     h.cache.rf_sched.on_release(producer, round_id=1)  # e.g. the producer was aborted
     assert not list(h.cache.rf_sched.promises.open_promises())
-    record = h.cache.rf_sched.promise_record()  # the trace's view of it: how many, and why
+    record = h.cache.rf_sched.records.promise_record()  # the trace's view of it: how many, and why
     assert (record["promises_cancelled_delta"], record["promises_cancelled_reasons"]) == (
         1, {"producer released before publishing": 1})
-    assert "promises_cancelled_reasons" not in h.cache.rf_sched.promise_record()  # only on rounds that cancelled
+    assert "promises_cancelled_reasons" not in h.cache.rf_sched.records.promise_record()  # only on rounds that cancelled
     # Nobody waits on the cancelled promise: the next sibling becomes the producer, the others wait on it.
     assert rids(h.run_pass()) == ["c1"]
     assert [p.producer_rid for p in h.cache.rf_sched.promises.open_promises()] == ["c1"]
