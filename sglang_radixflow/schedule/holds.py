@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Optional
 
 # A run of this many more requests held in a row shows the queue ahead holds nothing a hold looks for: the held ones
-# are offered at once. Without it a pass over a long queue matched S more requests, each one held. 8 keeps every
-# round count of the bench's replay instances at S = 8 (2 to 6 cost mc-cold or mc-mixed a round).
+# are offered at once, instead of SGLang matching S more requests to hold each one. The smallest run that keeps the
+# bench's replay instances at their round bound (see docs/measurements.md, fixed-batch replay).
 HOLD_RUN_LIMIT = 8
 CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that held it because it would be cut (chunk_last)
 
