@@ -13,23 +13,14 @@ from sglang_radixflow.schedule.producers import namespace_of, request_tokens
 INDEX_PREFIX = 8  # siblings are found by their first tokens; shorter shared prefixes are not worth a promise
 
 SiblingKey = tuple  # (namespace, bytes of the first INDEX_PREFIX tokens): PromiseTable.head_key's form
-# The key of a request whose prompt alone is longer than INDEX_PREFIX never changes: it is kept on the request
-# (a pass reads it several times for every request it examines).
-KEY_ATTR = "rf_sibling_key"
 
 
 def sibling_key(req: Any) -> Optional[SiblingKey]:
     """(namespace, first INDEX_PREFIX tokens) grouping siblings; None for requests too short to index."""
-    key = getattr(req, KEY_ATTR, None)
-    if key is not None:
-        return key
     tokens = request_tokens(req)
     if len(tokens) <= INDEX_PREFIX:
         return None
-    key = (namespace_of(req), as_tokens(tokens[:INDEX_PREFIX]).tobytes())
-    if len(req.origin_input_ids) > INDEX_PREFIX:
-        setattr(req, KEY_ATTR, key)
-    return key
+    return (namespace_of(req), as_tokens(tokens[:INDEX_PREFIX]).tobytes())
 
 
 class SiblingIndex:

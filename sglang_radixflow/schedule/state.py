@@ -67,7 +67,6 @@ class SchedulingState:
         self.records = PassRecords(self.promises)
         self.in_flight = InFlightTable()
         self.siblings = SiblingIndex()
-        self.rules = self._rules()
         self.traversal = config.traversal
         self.disabled_reason: Optional[str] = None
         self.prefix_requests = config.prefix_requests  # switched off where SGLang's features make it unsafe
@@ -92,7 +91,8 @@ class SchedulingState:
         self.disable_hold(reason)
         self.config = replace(self.config, fragmentation=False)
 
-    def _rules(self) -> BlockingRules:
+    @property
+    def rules(self) -> BlockingRules:
         return BlockingRules(self.config.min_gain_tokens, self.config.max_defer_rounds,
                              partial=self.mode is PublishMode.KV, page_size=self.page_size)
 
@@ -106,7 +106,6 @@ class SchedulingState:
                    token_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         self.in_flight.forget_before(round_id - 1)
-        self.rules = self._rules()  # the config may be replaced between passes
         self.current = Pass(PassStats(round_id=round_id, waiting=len(waiting)), waiting, row_budget, token_budget,
                             Holds(lookahead=row_budget or 1))
 
