@@ -3,7 +3,8 @@
 No model hub is reachable, so the tests and benchmarks make their own models. Architectures:
 - `nemotron_h`  Mamba-2 + attention hybrid (layers: mamba, mlp, attention, mlp): the primary hybrid;
 - `qwen3`       full attention only: the control;
-- `qwen3_next`  gated delta net + attention + MoE: the Qwen3.5 layer family.
+- `qwen3_next`  gated delta net + attention + MoE (Qwen3-Next);
+- `qwen3_5`     gated delta net + gated attention, dense MLP: the text model of Qwen3.5 (`Qwen3_5ForCausalLM`).
 Everything is deterministic per seed (weights and tokenizer). Sizes fit a 2-core CPU; positions admit 8k-token prompts.
 """
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-ARCHS: tuple[str, ...] = ("nemotron_h", "qwen3", "qwen3_next")
-HYBRID_ARCHS: frozenset[str] = frozenset({"nemotron_h", "qwen3_next"})
+ARCHS: tuple[str, ...] = ("nemotron_h", "qwen3", "qwen3_next", "qwen3_5")
+HYBRID_ARCHS: frozenset[str] = frozenset({"nemotron_h", "qwen3_next", "qwen3_5"})
 VOCAB_SIZE = 2048
 MAX_POSITIONS = 16384
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -68,7 +69,22 @@ def _qwen3_next() -> ModelSpec:
     return ModelSpec("qwen3_next", cfg, {"full_attention_interval": 4})
 
 
-SPECS: dict[str, Callable[[], ModelSpec]] = {"nemotron_h": _nemotron_h, "qwen3": _qwen3, "qwen3_next": _qwen3_next}
+def _qwen3_5() -> ModelSpec:
+    # Qwen3.5 checkpoints ship the multimodal wrapper; its text model is what serves text, so that is what we make.
+    layer_types = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+    cfg = dict(
+        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=MAX_POSITIONS,
+        linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, layer_types=layer_types, tie_word_embeddings=False,
+        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+    )
+    return ModelSpec("qwen3_5", cfg, {"full_attention_interval": 4})
+
+
+SPECS: dict[str, Callable[[], ModelSpec]] = {
+    "nemotron_h": _nemotron_h, "qwen3": _qwen3, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5,
+}
 
 
 def spec_for(arch: str) -> ModelSpec:
@@ -127,6 +143,7 @@ def make_model(arch: str, out: str | Path, seed: int = 0) -> Path:
         "nemotron_h": transformers.NemotronHConfig,
         "qwen3": transformers.Qwen3Config,
         "qwen3_next": transformers.Qwen3NextConfig,
+        "qwen3_5": transformers.Qwen3_5TextConfig,
     }[arch]
     config = config_cls(**spec.hf_config)
     torch.manual_seed(seed)

@@ -78,7 +78,7 @@ class AgentBenchOptions:
         for name in ("rr_block", "hybrid_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
-        check_hybrid_strategy(self.mamba_strategy, self.models)
+        check_hybrid_strategy(self.mamba_strategy)
         check_overlap_schedule(self.overlap_schedule)
 
     @property

@@ -84,7 +84,7 @@ class BenchOptions:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.server_threads < 0:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
-        check_hybrid_strategy(self.mamba_strategy, self.models)
+        check_hybrid_strategy(self.mamba_strategy)
         check_overlap_schedule(self.overlap_schedule)
 
     @property

@@ -33,31 +33,23 @@ CPU_FLAGS: tuple[str, ...] = (
 # Hybrids on CPU: a bounded state pool (else sized from RAM), and SGLang's mamba radix-cache strategy:
 # - no_buffer: a state only where an extend ends; SGLang requires overlap scheduling off for it;
 # - extra_buffer (SGLang's GPU default): a state snapshot on the checkpoint grid inside an extend, overlap scheduling
-#   on; the CPU runtime supports it for Mamba-2 (NemotronH) only (cpu/mamba2/patches.py).
+#   on; the CPU runtime supports it for Mamba-2 and gated-delta-net hybrids (cpu/mamba2/patches.py).
 HYBRID_STRATEGY_FLAGS: dict[str, tuple[str, ...]] = {
     "no_buffer": ("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"),
     "extra_buffer": ("--mamba-radix-cache-strategy", "extra_buffer"),
 }
 HYBRID_STRATEGY_HELP = (
     "hybrid models' --mamba-radix-cache-strategy on CPU: no_buffer (SGLang requires overlap off), or "
-    "extra_buffer (SGLang's GPU default, which runs the overlap scheduler where --overlap-schedule keeps it; Mamba-2 "
-    "models only)"
+    "extra_buffer (SGLang's GPU default, which runs the overlap scheduler where --overlap-schedule keeps it)"
 )
 HYBRID_CPU_FLAGS: tuple[str, ...] = ("--max-mamba-cache-size", "256")
-EXTRA_BUFFER_CPU_MODELS = frozenset({"nemotron_h"})  # tiny hybrids whose CPU runtime tracks states (Mamba-2)
 
 
-def check_hybrid_strategy(strategy: str, models: Sequence[str], cpu: Optional[bool] = None) -> None:
-    """A bench's --hybrid-strategy against its models, before any server starts: on CPU, extra_buffer needs a
-    Mamba-2 hybrid (the gated-delta-net CPU ops return no per-chunk states; SGLang would refuse at startup)."""
+def check_hybrid_strategy(strategy: str) -> None:
+    """A bench's --hybrid-strategy, before any server starts. Every tiny hybrid runs both strategies on CPU too: the
+    Mamba-2 SSD scan and the gated-delta-net chunk op both return the states extra_buffer snapshots."""
     if strategy not in HYBRID_STRATEGY_FLAGS:
         raise ValueError(f"--hybrid-strategy {strategy}; allowed: {', '.join(HYBRID_STRATEGY_FLAGS)}")
-    if strategy == "extra_buffer" and (on_cpu() if cpu is None else cpu):
-        refused = [m for m in models if m in HYBRID_ARCHS and m not in EXTRA_BUFFER_CPU_MODELS]
-        if refused:
-            raise ValueError(f"--hybrid-strategy extra_buffer runs on the CPU runtime for "
-                             f"{', '.join(sorted(EXTRA_BUFFER_CPU_MODELS))} only, not {', '.join(refused)}; "
-                             "use no_buffer for those")
 
 
 # SGLang's overlap scheduler, per bench (--overlap-schedule): auto turns it off on a CPU (overlap_off); on, off.

@@ -62,14 +62,18 @@ class _RadixflowCpuFinder(importlib.abc.MetaPathFinder):
     """Wraps the loaders of `sgl_kernel` and of the SGLang modules that have post-import patches."""
 
     def __init__(self) -> None:
-        self._patch_targets: Optional[dict[str, list[str]]] = None
+        self._hooks: Optional[tuple[dict[str, list[str]], dict[str, list[str]]]] = None
 
-    def _targets(self) -> dict[str, list[str]]:
-        if self._patch_targets is None:
+    def _pre_and_post(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        if self._hooks is None:
             from sglang_radixflow.cpu import registry
 
-            self._patch_targets = registry.post_import_patches()
-        return self._patch_targets
+            self._hooks = (registry.pre_import_hooks(), registry.post_import_patches())
+        return self._hooks
+
+    def _targets(self) -> set[str]:
+        pre, post = self._pre_and_post()
+        return set(pre) | set(post)
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]], target=None):  # noqa: ANN001
         if fullname != SGL_KERNEL and not fullname.startswith("sglang."):
@@ -82,7 +86,8 @@ class _RadixflowCpuFinder(importlib.abc.MetaPathFinder):
         if fullname == SGL_KERNEL:
             spec.loader = _SglKernelLoader(spec.loader)
         else:
-            spec.loader = _PatchingLoader(spec.loader, self._targets()[fullname])
+            pre, post = self._pre_and_post()
+            spec.loader = _PatchingLoader(spec.loader, pre.get(fullname, []), post.get(fullname, []))
         return spec
 
 
@@ -105,17 +110,21 @@ class _DelegatingLoader(importlib.abc.Loader):
 
 
 class _PatchingLoader(_DelegatingLoader):
-    def __init__(self, inner: importlib.abc.Loader, patches: list[str]) -> None:
+    def __init__(self, inner: importlib.abc.Loader, pre: list[str], post: list[str]) -> None:
         super().__init__(inner)
-        self.patches = patches
+        self.pre, self.post = pre, post
 
     def exec_module(self, module: types.ModuleType) -> None:
-        self.inner.exec_module(module)
-        if not standin_active():
-            return
         from sglang_radixflow.cpu import registry
 
-        for ref in self.patches:
+        if self.pre and standin_active():
+            for ref in self.pre:
+                registry.resolve(ref)(module)
+                _State.patched.append(f"{module.__name__} <- {ref} (before import)")
+        self.inner.exec_module(module)
+        if not self.post or not standin_active():
+            return
+        for ref in self.post:
             registry.resolve(ref)(module)
             _State.patched.append(f"{module.__name__} <- {ref}")
 

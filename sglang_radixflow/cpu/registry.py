@@ -9,6 +9,7 @@ FAMILIES: tuple[str, ...] = (
     "sglang_radixflow.cpu.kv",
     "sglang_radixflow.cpu.mamba2",
     "sglang_radixflow.cpu.gdn",
+    "sglang_radixflow.cpu.qwen3_5",
     "sglang_radixflow.cpu.attention",
     "sglang_radixflow.cpu.dist",
 )
@@ -36,9 +37,19 @@ def unsupported_symbols() -> dict[str, str]:
 
 def post_import_patches() -> dict[str, list[str]]:
     """{SGLang module name: ['module:function', ...]} run right after that module is first imported."""
+    return _hooks("POST_IMPORT")
+
+
+def pre_import_hooks() -> dict[str, list[str]]:
+    """{SGLang module name: ['module:function', ...]} run just before that module's body executes (for ops its body
+    reads from torch.ops at import time). Families without a PRE_IMPORT table have none."""
+    return _hooks("PRE_IMPORT")
+
+
+def _hooks(table_name: str) -> dict[str, list[str]]:
     merged: dict[str, list[str]] = {}
     for family in FAMILIES:
-        table: dict[str, str | list[str]] = importlib.import_module(family).POST_IMPORT
+        table: dict[str, str | list[str]] = getattr(importlib.import_module(family), table_name, {})
         for target, patch in table.items():
             merged.setdefault(target, []).extend([patch] if isinstance(patch, str) else patch)
     return merged

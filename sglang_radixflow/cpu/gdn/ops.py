@@ -124,11 +124,14 @@ def chunk_gated_delta_rule(
     use_qk_l2norm: bool = False,
     write_final_state: bool = True,
     chunk_size: int = CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Chunked (WY) gated delta rule over a varlen batch.
 
     q, k [T, H, K]; v [T, HV, V]; g, beta [T, HV]. Returns (o [T, HV, V] in q's dtype, final states [N, HV, V, K]
-    float32); with `write_final_state`, final states go back to `initial_state` (at `initial_state_indices`).
+    float32, chunk states [NC, HV, V, K] float32); with `write_final_state`, final states go back to
+    `initial_state` (at `initial_state_indices`). Chunk states follow the Triton kernel's `h`: one per chunk of
+    every sequence, sequences one after another, row c of a sequence = its state *before* its chunk c (row 0 = the
+    initial state), i.e. after its first c * chunk_size tokens. SGLang's extra_buffer reads its snapshots there.
 
     Per token: S <- e^g S;  u = beta (v - S k);  S <- S + u k^T;  o = S q.
     Within a chunk with cumulative log decay c_i (Gamma_i = e^{c_i}) and start state S0, the deltas solve the unit
@@ -154,6 +157,7 @@ def chunk_gated_delta_rule(
     out = torch.zeros((total, num_v_heads, head_v), dtype=torch.float32)
     lens = [cu[i + 1] - cu[i] for i in range(n_seq)]
     n_chunks = [(n + chunk_size - 1) // chunk_size for n in lens]
+    chunk_states = torch.zeros((sum(n_chunks), *state_shape), dtype=torch.float32)
     if total > 0:
         qf, kf = _prepare_qk(q, k, num_v_heads, use_qk_l2norm, scale)
         C = chunk_size
@@ -198,6 +202,7 @@ def chunk_gated_delta_rule(
             seqs = [i for i in range(n_seq) if n_chunks[i] > j]
             cid = torch.tensor([chunk_start[i] + j for i in seqs], dtype=torch.long)
             sid = torch.tensor(seqs, dtype=torch.long)
+            chunk_states[cid] = S[sid]
             S0t = S[sid].transpose(-1, -2)  # [n, HV, K, V]
             U = U0[cid] - W[cid] @ S0t
             Oc[cid] = Qg[cid] @ S0t + A[cid] @ U
@@ -205,7 +210,7 @@ def chunk_gated_delta_rule(
         out = Oc.transpose(1, 2).reshape(nc * C, num_v_heads, head_v)[slot]
     if write_final_state and initial_state is not None:
         _scatter_states(initial_state, idx, S)
-    return out.to(q.dtype), S
+    return out.to(q.dtype), S, chunk_states
 
 
 def recurrent_gated_delta_rule(
@@ -275,15 +280,16 @@ def chunk_gated_delta_rule_cpu(
     use_qk_l2norm_in_kernel: bool = False,
     initial_state_indices: Optional[torch.Tensor] = None,
     scale: Optional[float] = None,
-) -> tuple[torch.Tensor, torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`sgl_kernel.mamba.chunk_gated_delta_rule_cpu` (gdn_triton.py binds it as `chunk_gated_delta_rule`).
 
     Reads initial states from `initial_state[initial_state_indices]` and writes the final states back there, like
-    the Triton kernel with inplace_update=True. Returns (o [1, T, HV, V], final states [N, HV, V, K] float32, None):
-    per-chunk states `h` are only needed by extra_buffer state tracking, which the CPU path rejects."""
+    the Triton kernel with inplace_update=True. Returns (o [1, T, HV, V], final states [N, HV, V, K] float32,
+    h [1, NC, HV, V, K] float32): `h`, the per-chunk states, is where extra_buffer takes a snapshot inside an extend
+    (`_track_mamba_state_extend` reads h[offset of the sequence + tracked length // chunk size])."""
     assert not head_first, "head_first layout is not used by SGLang's GDN backend"
     assert cu_seqlens is not None, "SGLang always passes cu_seqlens (query_start_loc)"
-    o, final = chunk_gated_delta_rule(
+    o, final, h = chunk_gated_delta_rule(
         _flat_tokens(q, "q"),
         _flat_tokens(k, "k"),
         _flat_tokens(v, "v"),
@@ -295,7 +301,7 @@ def chunk_gated_delta_rule_cpu(
         scale=scale,
         use_qk_l2norm=use_qk_l2norm_in_kernel,
     )
-    return o.unsqueeze(0), final, None
+    return o.unsqueeze(0), final, h.unsqueeze(0)
 
 
 def fused_sigmoid_gating_delta_rule_update_cpu(

@@ -15,7 +15,11 @@ MAMBA_MODULE = "sglang.srt.layers.attention.mamba.mamba"
 # Module globals that MambaMixer2.forward reads, and what we bind them to.
 _CONV_NAMES = ("causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_fn_triton", "causal_conv1d_update_triton")
 _SSD_NAMES = ("mamba_chunk_scan_combined", "selective_state_update")
-CPU_EXTRA_BUFFER_ARCHS = ("NemotronHForCausalLM",)  # Mamba-2 mixers: the CPU SSD scan returns track states
+# Hybrids whose CPU kernels return the states extra_buffer snapshots inside an extend: Mamba-2 (the SSD scan's track
+# states) and gated delta net (the chunk op's per-chunk states, cpu/gdn/ops.py).
+CPU_EXTRA_BUFFER_ARCHS = (
+    "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+)
 
 
 def _params(fn: Callable) -> set[str]:
@@ -69,10 +73,10 @@ def patch_mamba_mixer2(module: types.ModuleType) -> None:
 
 
 def allow_extra_buffer_on_cpu(module: types.ModuleType) -> None:
-    """`--mamba-radix-cache-strategy extra_buffer` on the CPU runtime, for Mamba-2 models: SGLang refuses it on any
-    platform but CUDA / ROCm / MUSA / NPU / XPU. Its snapshots inside an extend come from the SSD scan's track states,
-    which the CPU scan computes (ssd.mamba_chunk_scan_combined); decode snapshots from `patch_decode_tracking`. The
-    gated-delta-net CPU ops (qwen3_next) return no per-chunk states, so other hybrids are still refused, by name."""
+    """`--mamba-radix-cache-strategy extra_buffer` on the CPU runtime: SGLang refuses it on any platform but
+    CUDA / ROCm / MUSA / NPU / XPU. Its snapshots inside an extend come from the Mamba-2 SSD scan's track states
+    (ssd.mamba_chunk_scan_combined) or the gated-delta-net chunk op's per-chunk states (gdn/ops.py), decode snapshots
+    from `patch_decode_tracking`. Other hybrids (whose CPU kernels return neither) are refused, by name."""
     import torch
 
     original_platform = module._platform_supports_mamba_cache_extra_buffer
@@ -86,7 +90,7 @@ def allow_extra_buffer_on_cpu(module: types.ModuleType) -> None:
         arch = hf_config.architectures[0]
         if not torch.cuda.is_available() and arch not in CPU_EXTRA_BUFFER_ARCHS:
             raise AssertionError(
-                f"extra_buffer on the CPU runtime supports {', '.join(CPU_EXTRA_BUFFER_ARCHS)} (Mamba-2) only, not "
+                f"extra_buffer on the CPU runtime supports {', '.join(CPU_EXTRA_BUFFER_ARCHS)} only, not "
                 f"{arch}; use --mamba-radix-cache-strategy no_buffer")
         return original_validate(view, hf_config, **kwargs)
 
@@ -96,14 +100,16 @@ def allow_extra_buffer_on_cpu(module: types.ModuleType) -> None:
 
 def patch_decode_tracking(module: types.ModuleType) -> None:
     """extra_buffer decode snapshots: the backend copies a request's state to its track slot every
-    `--mamba-track-interval` tokens with a Triton kernel; bind the torch copy (track.py) in its place."""
+    `--mamba-track-interval` tokens with a Triton kernel (per layer, or once for all layers when it knows the
+    layer: the gated-delta-net path); bind the torch copies (track.py) in their place."""
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as triton_track
 
     from sglang_radixflow.cpu.mamba2 import track
 
-    assert module.track_mamba_states_if_needed is triton_track.track_mamba_states_if_needed
-    _assert_covers(track.track_mamba_states_if_needed, triton_track.track_mamba_states_if_needed)
-    module.track_mamba_states_if_needed = track.track_mamba_states_if_needed
+    for name in ("track_mamba_states_if_needed", "track_mamba_states_all_layers"):
+        assert getattr(module, name) is getattr(triton_track, name), name
+        _assert_covers(getattr(track, name), getattr(triton_track, name))
+        setattr(module, name, getattr(track, name))
 
 
 def pageable_decode_track_mask(module: types.ModuleType) -> None:

@@ -113,7 +113,7 @@ def test_chunk_matches_per_token_reference_with_cache_indices(chunk_size: int, l
     before = pool.clone()
     ref_o, ref_pool, _ = ref_gated_delta_rule(q, k, v, g, beta, cu, before, indices, l2norm=l2norm)
 
-    o, final = ops.chunk_gated_delta_rule(
+    o, final, _ = ops.chunk_gated_delta_rule(
         q, k, v, g, beta, cu_seqlens=cu, initial_state=pool, initial_state_indices=indices,
         use_qk_l2norm=l2norm, chunk_size=chunk_size,
     )
@@ -129,14 +129,14 @@ def test_chunk_without_initial_state_and_per_sequence_states() -> None:
     q, k, v, g, beta = _gdn_inputs(lens, seed=1)
     cu = _cu(lens)
     ref_o, _, ref_final = ref_gated_delta_rule(q, k, v, g, beta, cu, None, None, l2norm=True)
-    o, final = ops.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, initial_state=None, use_qk_l2norm=True)
+    o, final, _ = ops.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, initial_state=None, use_qk_l2norm=True)
     torch.testing.assert_close(o.to(F64), ref_o, rtol=1e-4, atol=2e-5)
     torch.testing.assert_close(final.to(F64), ref_final, rtol=1e-4, atol=2e-5)
 
     # one state per sequence (no indices): read and overwritten in order
     states = _rand(3, 4, 24, 16, scale=0.3)
     ref_o, ref_states, _ = ref_gated_delta_rule(q, k, v, g, beta, cu, states.clone(), [0, 1, 2], l2norm=True)
-    o, _ = ops.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, initial_state=states, use_qk_l2norm=True)
+    o, _, _ = ops.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, initial_state=states, use_qk_l2norm=True)
     torch.testing.assert_close(o.to(F64), ref_o, rtol=1e-4, atol=2e-5)
     torch.testing.assert_close(states.to(F64), ref_states, rtol=1e-4, atol=2e-5)
 
@@ -149,7 +149,7 @@ def test_chunk_strong_decay_and_long_sequence() -> None:
     cu = _cu(lens)
     pool = _rand(4, 4, 24, 16)
     ref_o, ref_pool, _ = ref_gated_delta_rule(q, k, v, g, beta, cu, pool.clone(), [3, 1], l2norm=True)
-    o, _ = ops.chunk_gated_delta_rule(
+    o, _, _ = ops.chunk_gated_delta_rule(
         q, k, v, g, beta, cu_seqlens=cu, initial_state=pool, initial_state_indices=[3, 1], use_qk_l2norm=True
     )
     assert torch.isfinite(o).all()
@@ -164,20 +164,20 @@ def test_chunked_prefill_split_equals_whole_prefill() -> None:
     cu = _cu(lens)
     slots = [4, 0, 2]
     pool_a = torch.zeros(5, 4, 24, 16)
-    o_whole, _ = ops.chunk_gated_delta_rule(
+    o_whole, _, _ = ops.chunk_gated_delta_rule(
         q, k, v, g, beta, cu_seqlens=cu, initial_state=pool_a, initial_state_indices=slots, use_qk_l2norm=True
     )
     cut = [45, 1, 64]  # first part of each sequence
     first = torch.cat([torch.arange(cu[i], cu[i] + cut[i]) for i in range(3)])
     second = torch.cat([torch.arange(cu[i] + cut[i], cu[i + 1]) for i in range(3)])
     pool_b = torch.zeros(5, 4, 24, 16)
-    o1, _ = ops.chunk_gated_delta_rule(
+    o1, _, _ = ops.chunk_gated_delta_rule(
         q[first], k[first], v[first], g[first], beta[first], cu_seqlens=_cu(cut),
         initial_state=pool_b, initial_state_indices=slots, use_qk_l2norm=True,
     )
     rest = [lens[i] - cut[i] for i in range(3)]
     keep = [i for i in range(3) if rest[i] > 0]
-    o2, _ = ops.chunk_gated_delta_rule(
+    o2, _, _ = ops.chunk_gated_delta_rule(
         q[second], k[second], v[second], g[second], beta[second], cu_seqlens=_cu([rest[i] for i in keep]),
         initial_state=pool_b, initial_state_indices=[slots[i] for i in keep], use_qk_l2norm=True,
     )
@@ -185,6 +185,38 @@ def test_chunked_prefill_split_equals_whole_prefill() -> None:
     o_split[first], o_split[second] = o1, o2
     torch.testing.assert_close(o_split, o_whole, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(pool_b, pool_a, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 64])
+def test_chunk_states_equal_per_token_states_at_chunk_starts(chunk_size: int) -> None:
+    """extra_buffer snapshots: h row (sequence offset + c) == the state a per-token recurrence reaches after the
+    sequence's first c * chunk_size tokens (c = 0: its initial state), for sequences that start from cached states,
+    from zeros (pad slot) and that end on, before and past a chunk boundary."""
+    lens = [1, 16, 17, 64, 100]
+    q, k, v, g, beta = _gdn_inputs(lens, seed=6)
+    cu = _cu(lens)
+    pool = _rand(6, 4, 24, 16, scale=0.5)
+    indices = [4, 0, -1, 2, 5]
+    before = pool.clone()
+    _, _, h = ops.chunk_gated_delta_rule(
+        q, k, v, g, beta, cu_seqlens=cu, initial_state=pool, initial_state_indices=indices, use_qk_l2norm=True,
+        chunk_size=chunk_size,
+    )
+    row = 0
+    for i, n in enumerate(lens):
+        for c in range((n + chunk_size - 1) // chunk_size):
+            if c == 0:
+                expected = torch.zeros(4, 24, 16, dtype=F64) if indices[i] < 0 else before[indices[i]].to(F64)
+            else:
+                span = slice(cu[i], cu[i] + c * chunk_size)
+                _, _, finals = ref_gated_delta_rule(
+                    q[span], k[span], v[span], g[span], beta[span], [0, c * chunk_size], before, [indices[i]],
+                    l2norm=True,
+                )
+                expected = finals[0]
+            torch.testing.assert_close(h[row].to(F64), expected, rtol=1e-4, atol=2e-5, msg=f"seq {i} chunk {c}")
+            row += 1
+    assert row == h.shape[0]
 
 
 def test_chunk_sgl_kernel_signature_bf16() -> None:
@@ -199,7 +231,8 @@ def test_chunk_sgl_kernel_signature_bf16() -> None:
         q=q[None], k=k[None], v=v[None], g=g[None], beta=beta[None], initial_state=pool, cu_seqlens=cu,
         head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=idx,
     )
-    assert o.shape == (1, sum(lens), 4, 24) and o.dtype == torch.bfloat16 and h is None
+    assert o.shape == (1, sum(lens), 4, 24) and o.dtype == torch.bfloat16
+    assert h.shape == (1, 1 + 1 + 2, 4, 24, 16) and h.dtype == torch.float32  # 64-token chunks: 1 + 1 + 2
     torch.testing.assert_close(o[0].to(F64), ref_o, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(pool.to(F64), ref_pool, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(last.to(F64), ref_pool[idx.long()], rtol=1e-4, atol=1e-4)
@@ -252,11 +285,11 @@ def test_prefill_then_decode_equals_prefill_of_everything() -> None:
     g, beta = ops.fused_gdn_gating_cpu(A_log, a, b, dt_bias)
     cu_all = _cu(n)
     pool_ref = torch.zeros(4, HV, V, K)
-    o_ref, _ = ops.chunk_gated_delta_rule(q, k, v, g[0], beta[0], cu_seqlens=cu_all, initial_state=pool_ref,
+    o_ref, _, _ = ops.chunk_gated_delta_rule(q, k, v, g[0], beta[0], cu_seqlens=cu_all, initial_state=pool_ref,
                                           initial_state_indices=[3, 1], use_qk_l2norm=True)
     pool = torch.zeros(4, HV, V, K)
     pre = torch.cat([torch.arange(cu_all[i], cu_all[i] + lens[i]) for i in range(2)])
-    o_pre, _ = ops.chunk_gated_delta_rule(q[pre], k[pre], v[pre], g[0][pre], beta[0][pre], cu_seqlens=_cu(lens),
+    o_pre, _, _ = ops.chunk_gated_delta_rule(q[pre], k[pre], v[pre], g[0][pre], beta[0][pre], cu_seqlens=_cu(lens),
                                           initial_state=pool, initial_state_indices=[3, 1], use_qk_l2norm=True)
     torch.testing.assert_close(o_pre, o_ref[pre], rtol=1e-4, atol=1e-5)
     for s in range(steps):

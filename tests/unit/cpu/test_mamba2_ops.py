@@ -619,10 +619,10 @@ def test_decode_tracking_copies_only_tracked_rows_to_their_track_slots(check_fre
         assert torch.equal(ssm_states[slot], before_ssm[src]), slot
 
 
-def test_extra_buffer_is_allowed_on_cpu_for_mamba2_only() -> None:
+def test_extra_buffer_is_allowed_on_cpu_for_hybrids_whose_kernels_track_states() -> None:
     """SGLang refuses `--mamba-radix-cache-strategy extra_buffer` off CUDA / ROCm / MUSA / NPU / XPU; the CPU runtime
-    allows it for NemotronH (its SSD scan returns track states, its decode tracking is bound), and still refuses the
-    gated-delta-net hybrids by name."""
+    allows it for NemotronH (its SSD scan returns track states), Qwen3-Next and Qwen3.5 (the gated-delta-net chunk op
+    returns per-chunk states), with decode tracking bound, and still refuses any other hybrid by name."""
     code = (
         "from types import SimpleNamespace as N\n"
         "import sglang.srt.arg_groups.mamba_hook as h\n"
@@ -632,15 +632,16 @@ def test_extra_buffer_is_allowed_on_cpu_for_mamba2_only() -> None:
         "assert b.track_mamba_states_if_needed is track.track_mamba_states_if_needed\n"
         "view = N(mamba_radix_cache_strategy='extra_buffer', speculative_num_draft_tokens=None, page_size=None)\n"
         "h.supports_mamba_cache_extra_buffer = lambda view, cfg: True\n"
-        "h.validate_mamba_extra_buffer(view, N(architectures=['NemotronHForCausalLM']), "
-        "mamba_cache_chunk_size_of=lambda: 64)\n"
+        "for arch in ('NemotronHForCausalLM', 'Qwen3NextForCausalLM', 'Qwen3_5ForCausalLM'):\n"
+        "    h.validate_mamba_extra_buffer(view, N(architectures=[arch]), mamba_cache_chunk_size_of=lambda: 64)\n"
         "try:\n"
-        "    h.validate_mamba_extra_buffer(view, N(architectures=['Qwen3NextForCausalLM']), "
+        "    h.validate_mamba_extra_buffer(view, N(architectures=['FalconH1ForCausalLM']), "
         "mamba_cache_chunk_size_of=lambda: 64)\n"
         "except AssertionError as e:\n"
         "    print('REFUSED', e)\n"
     )
     proc = run_in_cpu_engine(code)
     assert proc.returncode == 0, failure_text(proc)
-    assert "REFUSED extra_buffer on the CPU runtime supports NemotronHForCausalLM (Mamba-2) only, not " \
-           "Qwen3NextForCausalLM; use --mamba-radix-cache-strategy no_buffer" in proc.stdout, failure_text(proc)
+    assert "REFUSED extra_buffer on the CPU runtime supports NemotronHForCausalLM, Qwen3NextForCausalLM, " \
+           "Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration only, not FalconH1ForCausalLM; " \
+           "use --mamba-radix-cache-strategy no_buffer" in proc.stdout, failure_text(proc)
