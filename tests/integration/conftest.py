@@ -15,7 +15,7 @@ MODELS_ROOT = Path(os.environ.get("SGLANG_RADIXFLOW_TEST_MODELS", Path.home() / 
 
 @pytest.fixture(scope="session")
 def model_dirs() -> dict[str, Path]:
-    return {arch: ensure_model(arch, MODELS_ROOT) for arch in ("nemotron_h", "qwen3", "qwen3_next")}
+    return {arch: ensure_model(arch, MODELS_ROOT) for arch in ("nemotron_h", "qwen3", "qwen3_next", "qwen3_5")}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,5 @@
-"""Real SGLang 0.5.23 servers (CPU) with and without the radixflow backend, on the three tiny architectures.
+"""Real SGLang 0.5.23 servers (CPU) with and without the radixflow backend, on the tiny architectures; the
+gated-delta-net hybrids in both mamba radix-cache strategies (extra_buffer with the overlap scheduler on, as on a GPU).
 
 Parity is checked in float32: bf16 reductions are ordered differently in HF and SGLang and flip near-ties of the
 near-uniform random-init models, which says nothing about correctness. Tolerances are tight (see sglang-cpu notes:
@@ -17,12 +18,18 @@ import torch
 from sglang_radixflow.bench.server import SGLangServer
 from sglang_radixflow.models import HYBRID_ARCHS
 
-ARCHS = ("nemotron_h", "qwen3", "qwen3_next")
+# (arch, the hybrid's --mamba-radix-cache-strategy); the control has no mamba state
+CASES = (
+    ("nemotron_h", "no_buffer"), ("qwen3", "no_buffer"),
+    ("qwen3_next", "no_buffer"), ("qwen3_next", "extra_buffer"),
+    ("qwen3_5", "no_buffer"), ("qwen3_5", "extra_buffer"),
+)
 FLOAT32 = ("--dtype", "float32")
 # SGLang keeps the Mamba conv state in bf16 by default even under --dtype float32: that alone moves logprobs by
 # ~7e-4 right after a cache or chunk boundary. Parity servers keep it in float32 too.
 FLOAT32_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 NEW_TOKENS = 12
+EXTRA_BUFFER_GRID = 64  # SGLang's mamba cache chunk size on the tiny hybrids (their SSD / GDN chunk size)
 LOGPROB_TOL = 2e-4  # float32 HF vs SGLang; a wrong context moves these by far more (asserted below)
 REGISTERED_LINE = "Tree cache initialized: source=registered('radixflow')"
 
@@ -32,18 +39,28 @@ def _prompts(seed: int) -> list[list[int]]:
     return [[rng.randrange(3, 2000) for _ in range(n)] for n in (7, 90, 333)]
 
 
-@pytest.fixture(scope="module", params=ARCHS)
-def arch(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
+def case(request: pytest.FixtureRequest) -> tuple[str, str]:
     return request.param
 
 
 @pytest.fixture(scope="module")
-def servers(arch: str, model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangServer]]:
-    """A native and a radixflow server for `arch`; the flag is spelled both ways across architectures."""
+def arch(case: tuple[str, str]) -> str:
+    return case[0]
+
+
+@pytest.fixture(scope="module")
+def servers(case: tuple[str, str], model_dirs: dict[str, Path]) -> Iterator[dict[str, SGLangServer]]:
+    """A native and a radixflow server for the case; the flag is spelled both ways across architectures."""
+    arch, strategy = case
     flag = ["--radix-cache", "radixflow"] if arch == "qwen3" else ["--radix-cache-backend", "radixflow"]
-    native = SGLangServer(str(model_dirs[arch]), radix_cache=None, extra_args=FLOAT32, env=FLOAT32_ENV)
-    ours = SGLangServer(str(model_dirs[arch]), radix_cache=None, extra_args=[*FLOAT32, *flag], env=FLOAT32_ENV)
+    model = str(model_dirs[arch])
+    native = SGLangServer(model, radix_cache=None, extra_args=FLOAT32, env=FLOAT32_ENV, mamba_strategy=strategy)
+    ours = SGLangServer(model, radix_cache=None, extra_args=[*FLOAT32, *flag], env=FLOAT32_ENV,
+                        mamba_strategy=strategy)
     with native, ours:
+        if arch in HYBRID_ARCHS:
+            assert f"'mamba_radix_cache_strategy': '{strategy}'" in ours.log_text()
         yield {"native": native, "radixflow": ours}
 
 
@@ -90,20 +107,26 @@ def test_greedy_and_prompt_logprobs_match_hf(servers: dict[str, SGLangServer], h
 
 
 def test_multi_turn_continuation_hits_and_equals_native_and_hf(
-    arch: str, servers: dict[str, SGLangServer], hf_model  # noqa: ANN001
+    case: tuple[str, str], servers: dict[str, SGLangServer], hf_model  # noqa: ANN001
 ) -> None:
     """Turn 2 = turn-1 prompt + its output + new tokens: it must reuse the cache (also on the hybrids), and the
-    reused KV / state must give the same continuation as a full recomputation (HF) and as native SGLang."""
+    reused KV / state must give the same continuation as a full recomputation (HF) and as native SGLang.
+    extra_buffer keeps turn 1's state on its snapshot grid inside the extend (the last multiple of the chunk size),
+    no_buffer where the prompt ends."""
+    arch, strategy = case
     rng = random.Random(2)
     turn1 = [rng.randrange(3, 2000) for _ in range(200)]
     user_turn = [rng.randrange(3, 2000) for _ in range(30)]
+    reused_at_least = len(turn1)
+    if arch in HYBRID_ARCHS and strategy == "extra_buffer":
+        reused_at_least = len(turn1) // EXTRA_BUFFER_GRID * EXTRA_BUFFER_GRID
     results = {}
     for name, server in servers.items():
         first = server.generate(turn1, NEW_TOKENS)
         turn2 = turn1 + first["output_ids"] + user_turn
         second = server.generate(turn2, NEW_TOKENS, return_logprob=True)
         results[name] = (turn2, second)
-        assert second["meta_info"]["cached_tokens"] >= len(turn1), (name, second["meta_info"]["cached_tokens"])
+        assert second["meta_info"]["cached_tokens"] >= reused_at_least, (name, second["meta_info"]["cached_tokens"])
     turn2, ours = results["radixflow"]
     native = results["native"][1]
     assert results["native"][0] == turn2
@@ -143,18 +166,25 @@ def test_hybrid_reports_hybrid(arch: str, servers: dict[str, SGLangServer]) -> N
     assert "(arm=radixflow, traversal=skip, admission=flex, producer_rows=2," in ours
 
 
-def test_parallel_sampling_copies_reuse_the_prompt_and_equal_native(arch: str, servers: dict[str, SGLangServer]) -> None:
+def test_parallel_sampling_copies_reuse_the_prompt_and_equal_native(
+    case: tuple[str, str], servers: dict[str, SGLangServer]
+) -> None:
     """`n` > 1 (parallel sampling): SGLang first sends the prompt alone with max_new_tokens = 0, then the n copies.
     On a no_buffer hybrid that warm-up's only state natively sits at the prompt's end, past the copies' match cap
     (input length − 1), so natively every copy recomputes the prompt. Under radixflow the copies start from a state
     at most one token short of that cap (the warm-up's cache-only publication leaves it; were it missing, one copy
-    would produce it for the others), on every architecture, with the same greedy outputs."""
+    would produce it for the others), on every architecture, with the same greedy outputs. On extra_buffer the
+    warm-up snapshots its state on the grid inside its extend, natively too: the copies start there."""
+    arch, strategy = case
     prompt = _prompts(5)[2]
     results = {name: server.generate(prompt, 4, sampling={"n": 4}) for name, server in servers.items()}
     native, ours = results["native"], results["radixflow"]
     assert len(ours) == len(native) == 4
     assert [o["output_ids"] for o in ours] == [o["output_ids"] for o in native]
     cached = [o["meta_info"]["cached_tokens"] for o in ours]
+    if arch in HYBRID_ARCHS and strategy == "extra_buffer":
+        assert min(cached) >= (len(prompt) - 1) // EXTRA_BUFFER_GRID * EXTRA_BUFFER_GRID, cached
+        return
     assert min(cached) >= len(prompt) - 2, cached
     if arch in HYBRID_ARCHS:
         assert max(o["meta_info"]["cached_tokens"] for o in native) < min(cached), "the hybrid reuses natively now"

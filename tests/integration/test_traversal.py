@@ -1,4 +1,8 @@
-"""State-ready traversal on real SGLang servers (CPU): reuse, equality with native outputs, aborts, no leaks."""
+"""State-ready traversal on real SGLang servers (CPU): reuse, equality with native outputs, aborts, no leaks.
+
+The hybrid tests run on NemotronH (Mamba-2); those that exercise a distinct path of the state handling (consumers,
+aborts, namespaces, adoption, a chunked producer, `/v1/score`, sessions) also on Qwen3.5 (gated delta net).
+"""
 from __future__ import annotations
 
 import json
@@ -21,6 +25,10 @@ LEAK = "memory leak detected"
 FLOAT32 = ("--dtype", "float32")
 FLOAT32_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}
 LOGPROB_TOL = 2e-4
+HYBRIDS = ("nemotron_h", "qwen3_5")
+# `hybrid_servers` is parametrized per test (indirect): on both hybrid families, or on NemotronH alone
+ON_BOTH_HYBRIDS = pytest.mark.parametrize("hybrid_servers", HYBRIDS, indirect=True)
+ON_NEMOTRON_H = pytest.mark.parametrize("hybrid_servers", ["nemotron_h"], indirect=True)
 
 
 def _workload(seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -62,13 +70,18 @@ def _adopted(trace: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("trace") / "radixflow.jsonl"
+def trace_path(hybrid_servers: dict[str, SGLangServer]) -> Path:
+    """The trace of the radixflow server in `hybrid_servers`."""
+    return Path(hybrid_servers["radixflow"].env["RADIXFLOW_TRACE"])
 
 
 @pytest.fixture(scope="module")
-def hybrid_servers(model_dirs: dict[str, Path], trace_path: Path) -> Iterator[dict[str, SGLangServer]]:
-    model = str(model_dirs["nemotron_h"])
+def hybrid_servers(
+    request: pytest.FixtureRequest, model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, SGLangServer]]:
+    """Native SGLang, prefix-stop and radixflow on the hybrid named by the test's parameter (no_buffer)."""
+    model = str(model_dirs[request.param])
+    trace_path = tmp_path_factory.mktemp(f"trace-{request.param}") / "radixflow.jsonl"
     servers = {
         "sglang": SGLangServer(model, radix_cache=None, extra_args=FLOAT32, env=FLOAT32_ENV),
         "prefix-stop": SGLangServer(model, extra_args=FLOAT32, env={**FLOAT32_ENV, "RADIXFLOW_ARM": "prefix-stop"}),
@@ -78,6 +91,7 @@ def hybrid_servers(model_dirs: dict[str, Path], trace_path: Path) -> Iterator[di
         yield servers
 
 
+@ON_BOTH_HYBRIDS
 def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
     hybrid_servers: dict[str, SGLangServer],
 ) -> None:
@@ -108,6 +122,7 @@ def test_consumers_start_from_the_producers_state_and_outputs_equal_native(
         assert line in log
 
 
+@ON_BOTH_HYBRIDS
 def test_aborted_producer_releases_consumers_and_nothing_leaks(hybrid_servers: dict[str, SGLangServer]) -> None:
     server = hybrid_servers["radixflow"]
     rng = random.Random(7)
@@ -144,6 +159,7 @@ def _try_batch(server: SGLangServer, prompts: list[list[int]], rids: list[str]) 
         return [server.generate(p, 1) for p in prompts[1:]]
 
 
+@ON_NEMOTRON_H
 def test_mixed_workload_leaves_no_leak(hybrid_servers: dict[str, SGLangServer]) -> None:
     server = hybrid_servers["radixflow"]
     rng = random.Random(11)
@@ -162,6 +178,7 @@ def test_mixed_workload_leaves_no_leak(hybrid_servers: dict[str, SGLangServer]) 
     assert LEAK not in server.log_text()
 
 
+@ON_NEMOTRON_H
 def test_round_trace_records_the_producer_round_and_the_consumer_round(
     hybrid_servers: dict[str, SGLangServer], trace_path: Path
 ) -> None:
@@ -187,6 +204,7 @@ def test_round_trace_records_the_producer_round_and_the_consumer_round(
     assert opened - closed == every[-1]["promises_open"]
 
 
+@ON_BOTH_HYBRIDS
 def test_namespaces_never_share_a_producer(hybrid_servers: dict[str, SGLangServer]) -> None:
     """Same document, two cache_salt values: each tenant's consumers wait for their own tenant's producer, never the
     other's. Each tenant's producer publishes the document through a prefix request in its own namespace, whose
@@ -257,19 +275,21 @@ def test_a_sibling_sent_during_its_producers_round_waits_for_that_kv(
     assert _adopted(trace) >= 1
 
 
+@ON_BOTH_HYBRIDS
 def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snapshot(
     hybrid_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     """The hybrid counterpart of the test above, in SGLang's GPU default for hybrids: extra_buffer with the overlap
-    scheduler (NemotronH on the CPU runtime). A request alone on the server snapshots one state inside its extend, on
+    scheduler (on the CPU runtime). A request alone on the server snapshots one state inside its extend, on
     the 64-token grid (2944 of a 3003-token prompt), which enters the tree only when its round's results are
     processed, after the next pass. A sibling sharing the 3000-token document that reaches that pass adopts the
     request: it waits a round and starts from 2944 (before session 19 it recomputed the document beside it, from 0).
     Same send gaps as above; whatever the timing, the second request starts from the snapshot. A sibling that branches
     before the snapshot (2940 shared tokens, the snapshot at 2944) has nothing to wait for: it is never adopted."""
     trace = tmp_path / "radixflow.jsonl"
-    server = SGLangServer(str(model_dirs["nemotron_h"]), extra_args=FLOAT32, mamba_strategy="extra_buffer", env={
-        **FLOAT32_ENV, "RADIXFLOW_ARM": "prefix-stop", "RADIXFLOW_TRACE": str(trace), "OMP_NUM_THREADS": "1"})
+    server = SGLangServer(hybrid_servers["radixflow"].model_path, extra_args=FLOAT32, mamba_strategy="extra_buffer",
+                          env={**FLOAT32_ENV, "RADIXFLOW_ARM": "prefix-stop", "RADIXFLOW_TRACE": str(trace),
+                               "OMP_NUM_THREADS": "1"})
     rng = random.Random(43)
     snapshot = 3003 // 64 * 64
 
@@ -308,6 +328,7 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
         server.stop()
 
 
+@ON_NEMOTRON_H
 @pytest.mark.parametrize("strategy", ["no_buffer", "extra_buffer"])
 def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
     hybrid_servers: dict[str, SGLangServer], model_dirs: dict[str, Path], tmp_path: Path, strategy: str
@@ -472,8 +493,9 @@ def test_extra_buffer_producer_tracks_its_state_at_the_branch_point(model_dirs: 
     assert sum(r["producers"] for r in prefill) == 1  # the warm-up planned nothing: SGLang's branch snapshot stays
 
 
+@pytest.mark.parametrize("arch", HYBRIDS)
 def test_extra_buffer_producer_chunked_before_its_boundary_still_publishes_it(
-    model_dirs: dict[str, Path], tmp_path: Path
+    model_dirs: dict[str, Path], tmp_path: Path, arch: str
 ) -> None:
     """extra_buffer, a token budget (400) smaller than the shared document (600, b = 576): the producer is chunked.
     SGLang snapshots inside an extend only on the grid counted from that extend's start, so the chunk stops on the
@@ -482,7 +504,7 @@ def test_extra_buffer_producer_chunked_before_its_boundary_still_publishes_it(
     waited for it, and they resumed from 528."""
     from sglang_radixflow.observe.trace import read_trace
 
-    model = str(model_dirs["nemotron_h"])
+    model = str(model_dirs[arch])
     budget = ("--chunked-prefill-size", "400", "--max-prefill-tokens", "400")
     trace = tmp_path / "chunked.jsonl"
     radixflow = SGLangServer(model, extra_args=(*FLOAT32, *budget), mamba_strategy="extra_buffer",
@@ -515,6 +537,7 @@ def _one_batch_on_a_fresh_server(server: SGLangServer, trace: Path, seed: int) -
     return out, log, prefill
 
 
+@ON_NEMOTRON_H
 def test_priority_preemption_keeps_sglangs_scheduling(
     hybrid_servers: dict[str, SGLangServer], tmp_path: Path,
 ) -> None:
@@ -587,6 +610,7 @@ def _session_agent(server: SGLangServer, system: list[int], seed: int, start: th
     return out
 
 
+@ON_BOTH_HYBRIDS
 def test_session_agents_equal_native_and_continue_from_their_history(
     hybrid_servers: dict[str, SGLangServer], trace_path: Path
 ) -> None:
@@ -620,6 +644,7 @@ def test_session_agents_equal_native_and_continue_from_their_history(
     assert LEAK not in hybrid_servers["radixflow"].log_text()
 
 
+@ON_BOTH_HYBRIDS
 def test_score_api_computes_the_shared_query_once_and_scores_equal_native(
     hybrid_servers: dict[str, SGLangServer]
 ) -> None:

@@ -619,6 +619,27 @@ def test_decode_tracking_copies_only_tracked_rows_to_their_track_slots(check_fre
         assert torch.equal(ssm_states[slot], before_ssm[src]), slot
 
 
+@pytest.mark.parametrize("check_freed_slots", [False, True])
+def test_all_layers_decode_tracking_equals_per_layer_tracking(check_freed_slots: bool) -> None:
+    """The gated-delta-net backend tracks every layer's pools ([layers, slots, ...]) in one call: the result equals
+    the per-layer copy applied to each layer."""
+    g = torch.Generator().manual_seed(1)
+    conv_pool = torch.randn(3, 10, 6, 3, generator=g)
+    ssm_pool = torch.randn(3, 10, 4, 8, 16, generator=g)
+    expected_conv, expected_ssm = conv_pool.clone(), ssm_pool.clone()
+    cache_indices = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    mask = torch.tensor([True, False, True, True, True])
+    track_indices = torch.tensor([5, 6, 7, -1 if check_freed_slots else 8, 9], dtype=torch.int64)
+    for layer in range(3):
+        track.track_mamba_states_if_needed(expected_conv[layer], expected_ssm[layer], cache_indices, mask,
+                                           track_indices, batch_size=4, check_freed_slots=check_freed_slots)
+    track.track_mamba_states_all_layers(conv_pool, ssm_pool, cache_indices, mask, track_indices, batch_size=4,
+                                        check_freed_slots=check_freed_slots)
+    assert torch.equal(conv_pool, expected_conv) and torch.equal(ssm_pool, expected_ssm)
+    assert not torch.equal(conv_pool[:, 5], conv_pool[:, 6])  # something was copied (slot 5 <- slot 0)
+    assert torch.equal(ssm_pool[:, 7], ssm_pool[:, 2])
+
+
 def test_extra_buffer_is_allowed_on_cpu_for_hybrids_whose_kernels_track_states() -> None:
     """SGLang refuses `--mamba-radix-cache-strategy extra_buffer` off CUDA / ROCm / MUSA / NPU / XPU; the CPU runtime
     allows it for NemotronH (its SSD scan returns track states), Qwen3-Next and Qwen3.5 (the gated-delta-net chunk op
@@ -630,6 +651,7 @@ def test_extra_buffer_is_allowed_on_cpu_for_hybrids_whose_kernels_track_states()
         "from sglang_radixflow.cpu.mamba2 import track\n"
         "assert h._platform_supports_mamba_cache_extra_buffer()\n"
         "assert b.track_mamba_states_if_needed is track.track_mamba_states_if_needed\n"
+        "assert b.track_mamba_states_all_layers is track.track_mamba_states_all_layers\n"
         "view = N(mamba_radix_cache_strategy='extra_buffer', speculative_num_draft_tokens=None, page_size=None)\n"
         "h.supports_mamba_cache_extra_buffer = lambda view, cfg: True\n"
         "for arch in ('NemotronHForCausalLM', 'Qwen3NextForCausalLM', 'Qwen3_5ForCausalLM'):\n"
