@@ -32,7 +32,7 @@ from sglang_radixflow.bench.server import (
     HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
     check_overlap_schedule, live_servers, overlap_flags, overlap_off,
 )
-from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model
+from sglang_radixflow.models import ARCHS, HYBRID_ARCHS, MAX_POSITIONS, ensure_model
 
 POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
@@ -41,7 +41,7 @@ DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 TLRU_TURNS = 4
 # --chunked-prefill-size, the same for every policy (see server_args). Only a hybrid needs the states that chunking
 # leaves; on a full-attention model chunks would only add prefill rounds.
-HYBRID_ARCHS = ("nemotron_h",)
+
 HYBRID_CHUNK = 128
 DEFAULT_CHUNK = 4096
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most

@@ -56,3 +56,16 @@ def test_hf_transformers_loads_it_and_the_tokenizer_round_trips(made: dict[str, 
 def test_unknown_arch_names_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match="unknown --arch 'mamba9'; allowed: nemotron_h, qwen3, qwen3_next"):
         spec_for("mamba9")
+
+
+def test_qwen3_5_is_the_text_model_sglang_serves_with_its_gdn_layout(tmp_path: Path) -> None:
+    """`--arch qwen3_5`: HF's Qwen3_5ForCausalLM (the text model; SGLang's qwen3_5_text.py serves it), three
+    gated-delta-net layers then full attention, as SGLang's own config class reads the layout."""
+    made = make_model("qwen3_5", tmp_path / "q", seed=0)
+    config = json.loads((made / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForCausalLM"] and config["model_type"] == "qwen3_5_text"
+    from sglang.srt.configs.qwen3_5 import Qwen3_5TextConfig
+
+    sgl = Qwen3_5TextConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+    assert sgl.layers_block_type == ["linear_attention"] * 3 + ["attention"]  # from full_attention_interval
+    assert sgl.linear_layer_ids == [0, 1, 2] and sgl.full_attention_layer_ids == [3]
