@@ -54,6 +54,8 @@ CONFIGS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "hybrid": ("nemotron_h", "no_buffer", ()),
     "hybrid-extra-buffer": ("nemotron_h", "extra_buffer", ()),
     "gdn": ("qwen3_next", "no_buffer", ()),
+    "qwen3_5": ("qwen3_5", "no_buffer", ()),
+    "qwen3_5-extra-buffer": ("qwen3_5", "extra_buffer", ()),
     "control": ("qwen3", "no_buffer", ("--disable-overlap-schedule",)),
     "control-overlap": ("qwen3", "no_buffer", ()),
 }
@@ -221,8 +223,10 @@ def rank_divergence(traces: list[Path]) -> Optional[str]:
 
 
 def trace_counters(trace: Path) -> tuple[dict[str, int], int]:
-    """Sums of PATH_COUNTERS over the trace's round records, and the promises still open after the last round."""
+    """Sums of PATH_COUNTERS over the trace's round records (plus `rr_units`: RR-Evict's tail units cut, a running
+    total in each record), and the promises still open after the last round."""
     sums = dict.fromkeys(PATH_COUNTERS, 0)
+    sums["rr_units"] = 0
     still_open = 0
     for line in trace.read_text().splitlines():
         rec = json.loads(line)
@@ -230,6 +234,7 @@ def trace_counters(trace: Path) -> tuple[dict[str, int], int]:
             continue
         for key in PATH_COUNTERS:
             sums[key] += int(rec.get(key, 0))
+        sums["rr_units"] = max(sums["rr_units"], int(rec.get("rr_units_total", 0)))
         still_open = int(rec.get("promises_open", 0))
     return sums, still_open
 

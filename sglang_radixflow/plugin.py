@@ -20,6 +20,7 @@ BACKEND_NAME = "radixflow"
 RR_POLICY = "rr"  # == sglang_radixflow.evict.strategy.POLICY_NAME (asserted in tests)
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+_TOKENIZER = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
 
 
 class _PluginState:
@@ -130,6 +131,8 @@ def _register_hooks() -> None:
     HookRegistry.register(f"{_SCHEDULER}._get_new_batch_prefill_raw", _around_prefill_pass, HookType.AROUND)
     HookRegistry.register(f"{_SCHEDULER}.run_batch", _around_run_batch, HookType.AROUND)
     HookRegistry.register(f"{_STREAMER}.is_request_level_customized_info_key", _request_level_key, HookType.AROUND)
+    HookRegistry.register(f"{_TOKENIZER}._validate_one_request", _around_validate_request, HookType.AROUND)
+    HookRegistry.register(f"{_TOKENIZER}.abort_request", _around_client_abort, HookType.AROUND)
     _PluginState.hooks_registered = True
 
 
@@ -169,6 +172,35 @@ def _around_run_batch(orig: Any, scheduler: Any, batch: Any, *args: Any, **kwarg
     from sglang_radixflow.observe.rounds import run_batch
 
     return run_batch(orig, scheduler, batch, *args, **kwargs)
+
+
+def _guarded(tokenizer_manager: Any) -> bool:
+    """Whether this tokenizer manager serves the radixflow backend (decided once, then kept on it)."""
+    on = getattr(tokenizer_manager, "_radixflow_guard", None)
+    if on is None:
+        backend = getattr(tokenizer_manager.server_args, "radix_cache_backend", None)
+        on = tokenizer_manager._radixflow_guard = backend == BACKEND_NAME
+    return on
+
+
+def _around_validate_request(orig: Any, tokenizer_manager: Any, obj: Any, input_ids: Any) -> Any:
+    if _guarded(tokenizer_manager):
+        from sglang_radixflow.guard import check_request
+
+        check_request(obj, input_ids, tokenizer_manager.model_config.vocab_size)
+    return orig(tokenizer_manager, obj, input_ids)
+
+
+def _around_client_abort(orig: Any, tokenizer_manager: Any, rid: str = "", abort_all: bool = False) -> Any:
+    """With several tokenizer workers SGLang forwards an abort for a rid it does not know: one that could reach the
+    prefix requests (whose rids a client cannot send, see guard.py) is dropped, as SGLang drops an empty rid."""
+    if _guarded(tokenizer_manager) and not abort_all and rid:
+        from sglang_radixflow.guard import reaches_prefix_requests
+
+        if reaches_prefix_requests(str(rid)):
+            logger.warning("sglang-radixflow: ignored abort_request(rid=%r): it would reach prefix requests", rid)
+            return None
+    return orig(tokenizer_manager, rid, abort_all)
 
 
 def _request_level_key(orig: Any, streamer: Any, key: str) -> bool:

@@ -120,5 +120,8 @@ def run_batch(orig: Callable[..., Any], scheduler: Any, batch: Any, *args: Any, 
         _, stats, row_budget, token_budget, waiting_after = pending
         record.update(sched.pass_record(stats, row_budget, token_budget, waiting_after))
     record.update(sched.records.promise_record())
+    rr = getattr(scheduler.tree_cache, "rf_rr", None)
+    if rr is not None:  # RR-Evict: tail units cut so far (cumulative), so a trace shows that eviction happened
+        record["rr_units_total"] = rr.units
     sched.recorder.record(record)
     return result

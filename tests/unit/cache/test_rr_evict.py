@@ -272,6 +272,29 @@ def test_full_attention_unit_is_one_tail_block_and_rotation_moves_on():
     d.cache.sanity_check()
 
 
+def test_share_rule_cuts_the_trajectory_keeping_the_largest_fraction_of_its_peak_not_the_deepest():
+    """Unequal lengths pin the victim rule: A (128 tokens, oldest), B (32), C (64), 16-token units. `share` cuts the
+    idle trajectory that retains the largest fraction of its peak length, ties going to the front of the rotation:
+    A (1 = 1 = 1, A first), B (1 = 1 > 0.875), C (1), A (0.875), C (0.75 = 0.75, C ahead of A). Deepest-first
+    would have cut A five times (48 / 32 / 64 kept) and SGLang's LRU drops the oldest leaf whole (A: 0 kept)."""
+    d = rr_driver(FULL, block=16, order="share", kv_size=1024)
+    a, b, c = tokens(1000, 128), tokens(5000, 32), tokens(9000, 64)
+    for p in (a, b, c):
+        extend(d, p, 0, len(p))
+    kept = []
+    for _ in range(5):
+        assert d.evict(num_tokens=1).num_tokens_evicted == 16
+        kept.append(tuple(d.match(p).device_prefix_len for p in (a, b, c)))
+    assert kept == [(112, 32, 64), (112, 16, 64), (112, 16, 48), (96, 16, 48), (96, 16, 32)]
+    d.cache.sanity_check()
+
+    lru = CacheDriver(*build(RadixFlowCache, FULL, kv_size=1024, eviction_policy="lru"))
+    for p in (a, b, c):
+        extend(lru, p, 0, len(p))
+    lru.evict(num_tokens=16 * 5)
+    assert tuple(lru.match(p).device_prefix_len for p in (a, b, c)) == (0, 32, 64)
+
+
 def test_prune_forgets_gone_trajectories_everywhere_and_the_rotation_order_holds():
     """The rotation keeps gone trajectories until it has doubled; a walk then sweeps them out of the rotation, the
     positions it ranks by and the peaks alike, and the survivors keep their order (position order = rotation)."""
