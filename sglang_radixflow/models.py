@@ -54,16 +54,22 @@ def _qwen3() -> ModelSpec:
     return ModelSpec("qwen3", cfg, {})
 
 
-def _qwen3_next() -> ModelSpec:
-    layer_types = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
-    cfg = dict(
+def _gdn_hybrid(**extra: Any) -> dict[str, Any]:
+    """Qwen3-Next / Qwen3.5 layout: three gated-delta-net layers, then full attention."""
+    return dict(
         vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=MAX_POSITIONS,
         linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, layer_types=layer_types,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        tie_word_embeddings=False, pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, **extra,
+    )
+
+
+def _qwen3_next() -> ModelSpec:
+    cfg = _gdn_hybrid(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, tie_word_embeddings=False,
-        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
     )
     # SGLang's configs/qwen3_next.py derives the layer layout from full_attention_interval, which transformers omits.
     return ModelSpec("qwen3_next", cfg, {"full_attention_interval": 4})
@@ -71,15 +77,8 @@ def _qwen3_next() -> ModelSpec:
 
 def _qwen3_5() -> ModelSpec:
     # Qwen3.5 checkpoints ship the multimodal wrapper; its text model is what serves text, so that is what we make.
-    layer_types = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
-    cfg = dict(
-        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=MAX_POSITIONS,
-        linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, layer_types=layer_types, tie_word_embeddings=False,
-        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-    )
-    return ModelSpec("qwen3_5", cfg, {"full_attention_interval": 4})
+    # Its SGLang config class derives the layout from full_attention_interval too.
+    return ModelSpec("qwen3_5", _gdn_hybrid(), {"full_attention_interval": 4})
 
 
 SPECS: dict[str, Callable[[], ModelSpec]] = {

@@ -10,9 +10,8 @@ Nothing here registers `convert_weight_packed` or any other op SGLang reads as "
 """
 from __future__ import annotations
 
-import torch
-
 from sglang_radixflow.cpu.gdn import ops
+from sglang_radixflow.cpu.torch_ops import register_missing
 
 # sgl_kernel.mamba exports (signatures of sgl_kernel/mamba.py's Python wrappers; SGLang calls them with keywords)
 chunk_gated_delta_rule_cpu = ops.chunk_gated_delta_rule_cpu
@@ -34,21 +33,9 @@ TORCH_OPS: dict[str, tuple[str, object]] = {
         ops.fused_sigmoid_gating_delta_rule_update_cpu,
     ),
 }
-_LIBRARY: list[torch.library.Library] = []  # registrations live as long as the Library object
-
-
 def register_torch_ops() -> list[str]:
     """Define the ops that are missing from torch.ops.sgl_kernel (idempotent); returns the names registered now."""
-    missing = [name for name in TORCH_OPS if not hasattr(getattr(torch.ops, NAMESPACE), name)]
-    if not missing:
-        return []
-    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-    for name in missing:
-        schema, fn = TORCH_OPS[name]
-        lib.define(schema)
-        lib.impl(name, fn, "CompositeImplicitAutograd")
-    _LIBRARY.append(lib)
-    return missing
+    return register_missing(NAMESPACE, TORCH_OPS)
 
 
 register_torch_ops()

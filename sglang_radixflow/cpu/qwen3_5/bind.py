@@ -13,6 +13,7 @@ import types
 import torch
 
 from sglang_radixflow.cpu.qwen3_5 import ops
+from sglang_radixflow.cpu.torch_ops import register_missing
 
 NAMESPACE = "sgl_kernel"
 TORCH_OPS: dict[str, tuple[str, object]] = {
@@ -33,21 +34,9 @@ TORCH_OPS: dict[str, tuple[str, object]] = {
         ops.fused_qkvzba_split_reshape_cat_contiguous_cpu,
     ),
 }
-_LIBRARY: list[torch.library.Library] = []  # registrations live as long as the Library object
-
-
 def register_torch_ops() -> list[str]:
-    """Define the ops missing from torch.ops.sgl_kernel (idempotent); returns the names registered now."""
-    missing = [name for name in TORCH_OPS if not hasattr(getattr(torch.ops, NAMESPACE), name)]
-    if not missing:
-        return []
-    lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-    for name in missing:
-        schema, fn = TORCH_OPS[name]
-        lib.define(schema)
-        lib.impl(name, fn, "CompositeImplicitAutograd")
-    _LIBRARY.append(lib)
-    return missing
+    """Define the ops that are missing from torch.ops.sgl_kernel (idempotent); returns the names registered now."""
+    return register_missing(NAMESPACE, TORCH_OPS)
 
 
 def register_before_import(module: types.ModuleType) -> None:
