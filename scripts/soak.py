@@ -45,7 +45,8 @@ LEAK = "memory leak detected"
 RETRACTED = re.compile(r"#retracted_reqs: (\d+)")  # SGLang's log line when decode retracts (scheduler.py)
 # per-round trace fields summed into the summary: which of the scheduler's paths the soak went through
 PATH_COUNTERS = ("producers", "prefix_requests", "adopted_producers", "blocked_skips", "cut_holds",
-                 "producer_holds", "admission_holds", "fragment_skips", "deferred", "promises_registered_delta",
+                 "producer_holds", "admission_holds", "fragment_skips", "chunk_room_cuts", "deferred",
+                 "promises_registered_delta",
                  "promises_published_delta", "promises_cancelled_delta")
 FLOAT32 = ("--dtype", "float32")
 FLOAT32_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32"}

@@ -51,16 +51,23 @@ def cache_config(components: Sequence[ComponentType], **overrides: object) -> An
     return CacheConfig(**base)
 
 
-def build_cache(cache_class: type[UnifiedRadixCache], components: Sequence[ComponentType], **cfg: object):
+def build_cache(cache_class: type[UnifiedRadixCache], components: Sequence[ComponentType],
+                eviction_policy_config: Optional[dict] = None, **cfg: object):
     """(cache, allocator, req_to_token_pool): SGLang's real pools wired by its own test kit
-    (sglang/test/kits/unified_radix_cache/fixtures.build_fixture), with the device pinned to "cpu"."""
+    (sglang/test/kits/unified_radix_cache/fixtures.build_fixture), with the device pinned to "cpu".
+    eviction_policy_config: what `--radix-eviction-policy-config` puts in the cache's init params."""
     try:
         from sglang.test.kits.unified_radix_cache import fixtures
     except ImportError as err:  # pragma: no cover - the kit ships in the sglang 0.5.23 wheel
         raise RuntimeError(f"SGLang's test kit (sglang.test.kits) is needed for in-process passes: {err}") from err
+    init_params = fixtures.CacheInitParams
+
+    def with_policy_config(**kwargs: Any) -> Any:
+        return init_params(**kwargs, eviction_policy_config=eviction_policy_config)
+
     with mock.patch.object(fixtures, "get_device", return_value="cpu"), mock.patch.object(
         fixtures, "UnifiedRadixCache", cache_class
-    ):
+    ), mock.patch.object(fixtures, "CacheInitParams", with_policy_config):
         cache, allocator, pool = fixtures.build_fixture(cache_config(components, **cfg), mamba_cache_chunk_size=1)
     assert type(cache) is cache_class
     return cache, allocator, pool
@@ -161,8 +168,9 @@ class PassHarness:
             req.time_stats.set_wait_queue_entry_time()
             self.sched.waiting_queue.append(req)
 
-    def run_pass(self) -> list[Req]:
-        """One prefill pass; returns the admitted requests (the batch of this round)."""
+    def run_pass(self, running: Optional[ScheduleBatch] = None) -> list[Req]:
+        """One prefill pass; returns the admitted requests (the batch of this round). `running`: SGLang's running
+        (decode) batch, whose requests' decode headroom the adder reserves (empty by default)."""
         chunked = self.sched.chunked_req
         # Scheduler.get_next_batch_to_run: the chunk that ran last round enters the tree before the next pass. A chunk
         # that was admitted but never executed (one-pass tests) holds no KV and has nothing to stash.
@@ -176,7 +184,7 @@ class PassHarness:
         ):
             result = run_prefill_pass(
                 scheduler_module.Scheduler._get_new_batch_prefill_raw, self.sched, self.cache.rf_sched,
-                None, ScheduleBatch(reqs=[]),
+                None, running if running is not None else ScheduleBatch(reqs=[]),
             )
         self.batch = result[0]
         return list(self.batch.reqs) if self.batch is not None else []

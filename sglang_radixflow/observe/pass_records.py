@@ -12,7 +12,7 @@ from sglang_radixflow.cache.promises import PromiseTable
 
 # counts an empty pass carries to the next record: record field -> PassStats field
 CARRIED = {"blocked_skips": "blocked_skips", "fragment_skips": "fragment_skips", "producer_holds": "held",
-           "cut_holds": "cut_held", "adopted_producers": "adopted"}
+           "cut_holds": "cut_held", "adopted_producers": "adopted", "chunk_room_cuts": "room_cuts"}
 
 
 @dataclass
@@ -29,6 +29,7 @@ class PassStats:
     adopted: int = 0  # in-flight requests adopted as producers (promises registered for them this pass)
     held: int = 0  # Ready non-producers passed over for producers behind them (producer_rows), then offered again
     cut_held: int = 0  # requests the budget would cut, passed over for whole ones behind (chunk_last), then offered
+    room_cuts: int = 0  # a chunked request's next chunk cut to the pool's room, or parked (decode headroom spent it)
     admitted_reqs: list[Any] = field(default_factory=list, repr=False)
     token_hit_sum: int = 0
     state_hit_sum: int = 0
@@ -69,7 +70,7 @@ class PassRecords:
             "row_budget": row_budget, "token_budget": token_budget, "waiting": stats.waiting,
             "admission_holds": holds,  # scheduler steps that held arrivals since the previous pass record
             "blocked_skips": stats.blocked_skips, "fragment_skips": stats.fragment_skips,
-            "producer_holds": stats.held, "cut_holds": stats.cut_held,
+            "producer_holds": stats.held, "cut_holds": stats.cut_held, "chunk_room_cuts": stats.room_cuts,
             "deferred": len(waiting_after), "producers": stats.producers,
             "prefix_requests": stats.prefix_requests, "adopted_producers": stats.adopted,
             "avoidable_bubble": bool(bubble), "token_hit_sum": stats.token_hit_sum,

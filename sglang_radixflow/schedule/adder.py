@@ -9,6 +9,8 @@ Every request SGLang's scan matched comes to `add_one_req`, which decides, in th
    it for producers behind it;
 5. SGLang's own admission (Ready, or NO_TOKEN / OTHER: native handling), where a producer's extend is cut at b
    (no_buffer) or kept on the snapshot grid (extra_buffer), and chunk-last may hold a request it would cut.
+A chunked request's continuation (`add_chunked_req`) is cut at its pending boundary, and never past the KV the pool
+can still give it.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ MATCH_REQ_FIELDS = ("prefix_len", "last_node", "last_host_node", "best_match_nod
 MATCH_KV_FIELDS = ("cache_protected_len", "mamba_pool_idx", "mamba_cow_src_index", "mamba_needs_clear")
 assert set(MATCH_KV_FIELDS) <= {f.name for f in dataclasses.fields(ReqKvInfo)}
 assert callable(getattr(Req, "_compute_max_prefix_len", None)), "SGLang's Req caps a match at its input length - 1"
+# The live prefill budget: with the running batch's decode headroom (total) and without it (current).
+assert all(isinstance(getattr(PrefillAdder, name, None), property) for name in ("rem_total_tokens", "cur_rem_tokens"))
 
 
 def can_take_match(producer: Any, boundary: int, page_size: int) -> bool:
@@ -88,6 +92,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
     _rf_held: Any = None  # the request chunk-last holds if SGLang cuts this admission (a prefix request's producer)
     _rf_cut_held = False  # chunk-last held the request being added
     _rf_has_chunked = False  # add_one_req's has_chunked_req in this pass
+    _rf_parked = False  # SGLang's chunked request waits this pass for KV (`add_chunked_req`)
 
     @property
     def _rf(self) -> SchedulingState:
@@ -99,6 +104,10 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return AddReqResult.OTHER if self._rf.traversal == "stop" else AddReqResult.CONTINUE
 
     def add_one_req(self, req: Any, has_chunked_req: bool, truncation_align_size: Optional[int]):
+        if self._rf_parked:
+            # A batch that runs without the parked chunk would count it a middle chunk it never ran (SGLang bumps
+            # inflight_middle_chunks per batch), and the budget is spent anyway.
+            return AddReqResult.NO_TOKEN
         sched = self._rf
         sched.current.holds.note_examined()
         self._rf_has_chunked = has_chunked_req
@@ -279,22 +288,54 @@ class RadixFlowPrefillAdder(PrefillAdder):
         siblings have arrived since (`note_continuation`)."""
         sched = self._rf
         sched.note_continuation(req)
+        room = self._room_when_budget_spent()
+        if room is not None:
+            sched.note_room_cut()
+        if room is not None and room <= 0:
+            return self._park(req)
         # Full attention needs no cut: its KV is usable at any length once in the tree.
         cut = sched.pending_boundary(req) if sched.mode is not PublishMode.KV else None
         if cut is not None:
             limit: Optional[int] = cut - int(req.prefix_len)
             if sched.mode is PublishMode.TRACK:
-                limit = self._track_continuation_limit(limit, sched.cache_chunk)
+                limit = self._track_continuation_limit(limit, sched.cache_chunk, room)
+                if limit == 0:
+                    return self._park(req)
             if limit is not None:
-                self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
+                self._limit_chunk(limit)
+        if room is not None:
+            self._limit_chunk(room)
         return super().add_chunked_req(req)
 
-    def _track_continuation_limit(self, to_boundary: int, grid: int) -> Optional[int]:
+    def _room_when_budget_spent(self) -> Optional[int]:
+        """The KV the pool can still give this chunk (free + evictable, less this pass's allocations and a page), when
+        the running requests' decode headroom has spent the budget; None otherwise. SGLang's single-pool budget lets
+        a continuation through at full size then ("it must make progress"), and its allocation fails, ending the
+        server; producers cut at b make such continuations common here."""
+        if self.rem_total_tokens > 0:
+            return None
+        return int(self.cur_rem_tokens) - self.page_size
+
+    def _park(self, req: Any) -> Any:
+        """SGLang's parked chunk (extend_end stays at prefix_len): it waits a pass while the running requests decode
+        and free KV; nothing else is admitted in this pass."""
+        self._rf_parked = True
+        return req
+
+    def _limit_chunk(self, limit: int) -> None:
+        self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
+
+    def _track_continuation_limit(self, to_boundary: int, grid: int, room: Optional[int]) -> Optional[int]:
         """extra_buffer: SGLang snapshots b inside the continuation (b is on the grid counted from where the chunk
         before it stopped: `_track_admission`), so a continuation that reaches b runs on uncut. One the budget stops
-        short of b ends on that grid too, for the same reason."""
+        short of b ends on that grid too, for the same reason; 0 when the pool's room (`room`) is less than one grid
+        step."""
         budget = self.rem_chunk_tokens
+        if room is not None:
+            budget = room if budget is None else min(budget, room)
         if budget is None or budget >= to_boundary:
             return None
         aligned = budget - budget % grid
-        return aligned if aligned > 0 else None
+        if aligned > 0:
+            return aligned
+        return 0 if room is not None and room < grid else None
