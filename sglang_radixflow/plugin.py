@@ -113,6 +113,10 @@ def _check_rr_backend(server_args: Any, previous: Any) -> None:
             f"--radix-eviction-policy {RR_POLICY} does not support --enable-hierarchical-cache or "
             "--enable-session-radix-cache; drop those flags or choose another policy"
         )
+    from sglang_radixflow.evict.strategy import check_policy_config
+
+    # in the launching process, before any scheduler starts: a bad key ends `launch_server` with this message
+    check_policy_config(cfg.radix_eviction_policy_config, int(cfg.page_size or 1))
 
 
 def _sglang_policies() -> list[str]:

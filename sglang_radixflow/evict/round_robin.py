@@ -38,6 +38,7 @@ counter that advances identically on every TP rank), never by set or id() order:
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams
@@ -45,7 +46,7 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from sglang_radixflow.cache.components import RadixFlowFullComponent, RadixFlowMambaComponent
 from sglang_radixflow.cache.tree import RadixFlowCache
-from sglang_radixflow.evict.strategy import POLICY_NAME
+from sglang_radixflow.evict.strategy import ORDERS, POLICY_NAME, check_policy_config
 
 if TYPE_CHECKING:
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -53,12 +54,13 @@ if TYPE_CHECKING:
 
     from sglang_radixflow.config import RadixFlowConfig
 
+logger = logging.getLogger("sglang_radixflow")
+
 TRAJ = "radixflow_traj"
 DEPTH = "radixflow_depth"
 FULL = ComponentType.FULL
 MAMBA = ComponentType.MAMBA
 _PRUNE_MIN = 256  # rotation entries before dead trajectories are first swept
-ORDERS = ("share", "cursor")
 
 
 def traj_of(node: "UnifiedTreeNode") -> Optional[str]:
@@ -110,14 +112,14 @@ class RoundRobinEvictor:
     def check_block(block_tokens: int, page_size: int) -> int:
         if block_tokens <= 0 or block_tokens % page_size:
             raise ValueError(
-                f"RADIXFLOW_RR_BLOCK={block_tokens} is invalid; allowed: a positive multiple of the page size ({page_size})"
+                f"RR-Evict block={block_tokens} is invalid; allowed: a positive multiple of the page size ({page_size})"
             )
         return block_tokens
 
     @staticmethod
     def check_order(order: str) -> str:
         if order not in ORDERS:
-            raise ValueError(f"RADIXFLOW_RR_ORDER={order!r} is invalid; allowed: {', '.join(ORDERS)}")
+            raise ValueError(f"RR-Evict order={order!r} is invalid; allowed: {', '.join(ORDERS)}")
         return order
 
     # ---- identity ----
@@ -374,8 +376,11 @@ class RadixFlowRRCache(RadixFlowCache):
             raise ValueError("--radix-eviction-policy rr does not support --enable-session-radix-cache; drop one")
         from sglang_radixflow.config import RadixFlowConfig
 
+        # --radix-eviction-policy-config first; what it leaves out comes from RADIXFLOW_RR_* (`configure`)
+        self.rr_policy_config = check_policy_config(params.eviction_policy_config, int(params.page_size))
         defaults = RadixFlowConfig()
-        self.rf_rr = RoundRobinEvictor(defaults.rr_block_tokens, int(params.page_size), defaults.rr_order)
+        self.rf_rr = RoundRobinEvictor(self.rr_policy_config.get("block", defaults.rr_block_tokens),
+                                       int(params.page_size), self.rr_policy_config.get("order", defaults.rr_order))
         override = dict(params.component_registry_override or {})
         for ct, cls in RR_COMPONENTS.items():
             existing = override.get(ct)
@@ -391,8 +396,11 @@ class RadixFlowRRCache(RadixFlowCache):
 
     def configure(self, config: "RadixFlowConfig", tp_rank: int = 0) -> None:
         super().configure(config, tp_rank)
-        self.rf_rr.block = RoundRobinEvictor.check_block(config.rr_block_tokens, self.rf_rr.page_size)
-        self.rf_rr.order = RoundRobinEvictor.check_order(config.rr_order)
+        block = self.rr_policy_config.get("block", config.rr_block_tokens)
+        self.rf_rr.block = RoundRobinEvictor.check_block(block, self.rf_rr.page_size)
+        self.rf_rr.order = RoundRobinEvictor.check_order(self.rr_policy_config.get("order", config.rr_order))
+        if tp_rank == 0:
+            logger.info("sglang-radixflow: RR-Evict: block=%d tokens, order=%s", self.rf_rr.block, self.rf_rr.order)
 
     def reset(self) -> None:
         """SGLang's flush_cache empties the tree: forget the rotation and every trajectory's peak with it, or a

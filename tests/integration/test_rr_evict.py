@@ -24,6 +24,15 @@ def test_rr_without_the_radixflow_backend_is_refused_at_startup(model_dirs: dict
             "--radix-cache-backend=None") in server.log_text()
 
 
+def test_a_bad_rr_policy_config_stops_the_server_at_startup(model_dirs: dict[str, Path]) -> None:
+    server = SGLangServer(str(model_dirs["qwen3"]), extra_args=[
+        "--radix-eviction-policy", "rr", "--radix-eviction-policy-config", '{"nonsense": 1}'])
+    with pytest.raises(ServerError):
+        server.start()
+    assert ("--radix-eviction-policy-config: unknown key(s) 'nonsense' for --radix-eviction-policy rr; allowed keys: "
+            "block: ") in server.log_text()
+
+
 def _soak(server: SGLangServer, agents: int, turns: int, seed: int) -> tuple[int, int, int]:
     """Agents take turns concurrently (4 at a time); every 7th turn is aborted mid-flight. Returns
     (finished turns, aborted turns, turns that found part of their own history cached)."""
@@ -86,8 +95,9 @@ def test_soak_with_aborts_under_heavy_eviction_ends_with_the_idle_checks_passing
     # 12 agents of ~200-700 tokens against 2500 KV tokens: every few turns the pool is full and RR-Evict cuts tails.
     server = SGLangServer(
         str(model_dirs[arch]), mamba_strategy=strategy or "no_buffer",
-        extra_args=["--radix-eviction-policy", "rr", "--max-total-tokens", "2500", "--max-running-requests", "4"],
-        env={"SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1", "RADIXFLOW_RR_BLOCK": "8"},
+        extra_args=["--radix-eviction-policy", "rr", "--radix-eviction-policy-config", '{"block": 8}',
+                    "--max-total-tokens", "2500", "--max-running-requests", "4"],
+        env={"SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1", "RADIXFLOW_RR_BLOCK": "64"},  # the flag wins
     )
     with server:
         done, aborted, hits = _soak(server, agents=12, turns=17, seed=1 if arch == "qwen3" else 2)
@@ -97,4 +107,5 @@ def test_soak_with_aborts_under_heavy_eviction_ends_with_the_idle_checks_passing
         assert server.generate([7, 8, 9], 2)["output_ids"]
         log = server.log_text()
         assert "impl=RadixFlowRRCache" in log
+        assert "RR-Evict: block=8 tokens, order=share" in log
         assert LEAK not in log and "Traceback" not in log

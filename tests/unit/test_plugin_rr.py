@@ -40,3 +40,16 @@ def test_rr_with_hicache_is_refused() -> None:
                                 "--radix-cache-backend", "radixflow", "--enable-hierarchical-cache"])
     with pytest.raises(ValueError, match="does not support --enable-hierarchical-cache"):
         plugin._check_rr_backend(args, lambda s: None)
+
+
+def test_rr_policy_config_is_checked_when_the_server_args_resolve() -> None:
+    """A bad --radix-eviction-policy-config ends launch_server before any scheduler starts, naming the key."""
+    plugin.register()
+    base = ["--model-path", "dummy", "--radix-eviction-policy", "rr", "--radix-cache-backend", "radixflow"]
+    bad = prepare_server_args([*base, "--radix-eviction-policy-config", '{"nonsense": 1}'])
+    with pytest.raises(ValueError, match="unknown key\\(s\\) 'nonsense' for --radix-eviction-policy rr; allowed keys: "
+                                         "block: .*; order: share \\| cursor"):
+        plugin._check_rr_backend(bad, lambda s: None)
+    good = prepare_server_args([*base, "--radix-eviction-policy-config", '{"block": 32, "order": "cursor"}'])
+    plugin._check_rr_backend(good, lambda s: None)
+    assert get_eviction_strategy("rr", {"block": 32, "order": "cursor"}).config == {"block": 32, "order": "cursor"}

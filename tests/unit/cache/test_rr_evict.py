@@ -7,6 +7,7 @@ compares what each returning agent still finds with the ideal h = (m - n_a)/(n*s
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from array import array
 from dataclasses import dataclass
@@ -427,10 +428,39 @@ def test_rr_cache_refuses_another_policy_and_bad_settings():
         build(RadixFlowRRCache, FULL, eviction_policy="lru")
     from sglang_radixflow.evict.round_robin import RoundRobinEvictor
 
-    with pytest.raises(ValueError, match="RADIXFLOW_RR_BLOCK=12 is invalid; allowed: a positive multiple"):
+    with pytest.raises(ValueError, match="block=12 is invalid; allowed: a positive multiple"):
         RoundRobinEvictor(12, 8)
-    with pytest.raises(ValueError, match="RADIXFLOW_RR_ORDER='lifo' is invalid; allowed: share, cursor"):
+    with pytest.raises(ValueError, match="order='lifo' is invalid; allowed: share, cursor"):
         RoundRobinEvictor(16, 1, "lifo")
+
+
+@pytest.mark.parametrize("config, error", [
+    ({"nonsense": 1}, "unknown key(s) 'nonsense' for --radix-eviction-policy rr; allowed keys: block: "),
+    ({"block": 0}, "block=0 is invalid for --radix-eviction-policy rr; allowed: a positive integer"),
+    ({"block": "16"}, "block='16' is invalid"),
+    ({"block": True}, "block=True is invalid"),
+    ({"order": "lifo"}, "order='lifo' is invalid for --radix-eviction-policy rr; allowed: share, cursor"),
+])
+def test_policy_config_names_the_bad_key_and_what_is_allowed(config, error):
+    from sglang_radixflow.evict.strategy import RoundRobinStrategy, check_policy_config
+
+    with pytest.raises(ValueError, match=re.escape(error)):
+        check_policy_config(config)
+    with pytest.raises(ValueError, match=re.escape(error)):
+        RoundRobinStrategy(**config)  # what SGLang's tree core builds from --radix-eviction-policy-config
+
+
+def test_policy_config_sets_the_knobs_before_the_environment(monkeypatch):
+    """--radix-eviction-policy-config wins over RADIXFLOW_RR_*, which fill in what it leaves out."""
+    from sglang_radixflow.config import load_config
+
+    cache, _, _ = build(RadixFlowRRCache, FULL, eviction_policy="rr", kv_size=256,
+                        eviction_policy_config={"block": 32})
+    cache.configure(load_config({"RADIXFLOW_RR_BLOCK": "8", "RADIXFLOW_RR_ORDER": "cursor"}))
+    assert (cache.rf_rr.block, cache.rf_rr.order) == (32, "cursor")
+    with pytest.raises(ValueError, match="block=12 is invalid for --radix-eviction-policy rr; allowed: a positive "
+                                         "integer, a multiple of the page size \\(8\\)"):
+        build(RadixFlowRRCache, FULL, eviction_policy="rr", kv_size=256, page_size=8, eviction_policy_config={"block": 12})
 
 
 def test_flush_forgets_rotation_and_peaks_but_keeps_settings():
