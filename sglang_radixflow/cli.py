@@ -1,4 +1,8 @@
-"""`radixflow` command line: make-model, demo, bench (multi-candidate, replay, agent), report."""
+"""`radixflow` command line: make-model, demo, bench (multi-candidate, replay, agent), report.
+
+Serving itself is SGLang's own command, with the plugin installed:
+  python -m sglang.launch_server --model-path DIR --radix-cache radixflow [--radix-eviction-policy rr]
+"""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +21,7 @@ def _cmd_make_model(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sglang_radixflow.bench.demo import run_demo
 
-    table = run_demo(args.out, args.models)
+    table = run_demo(args.out, args.models_root)
     print("\n" + table)
     print(f"\nreport: {args.out}/report.md, figures: {args.out}/fig3_rounds_latency.png, "
           f"{args.out}/fig4_distributions.png; summary.json, per-arm server logs and traces: {args.out}/<model>/")
@@ -25,9 +29,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_multi_candidate(args: argparse.Namespace) -> int:
-    from sglang_radixflow.bench import runner
+    from sglang_radixflow.bench import multi_candidate_cli
 
-    return runner.main(args)
+    return multi_candidate_cli.main(args)
 
 
 def _cmd_bench_replay(args: argparse.Namespace) -> int:
@@ -56,25 +60,30 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from sglang_radixflow.models import ARCHS
 
-    parser = argparse.ArgumentParser(prog="radixflow", description=__doc__)
+    from sglang_radixflow import __version__
+
+    parser = argparse.ArgumentParser(prog="radixflow", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"sglang-radixflow {__version__} (for SGLang 0.5.23)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     mm = sub.add_parser("make-model", help="write a tiny random-initialised model + tokenizer")
     mm.add_argument("--arch", required=True, choices=ARCHS)
     mm.add_argument("--out", required=True, help="output directory")
-    mm.add_argument("--seed", type=int, default=0)
+    mm.add_argument("--seed", type=int, default=0, help="weights and tokenizer seed (default: %(default)s)")
     mm.set_defaults(func=_cmd_make_model)
 
     demo = sub.add_parser(
         "demo", help="short comparison: sglang / prefix-stop / radixflow on the tiny hybrid and the control")
     demo.add_argument("--out", default="runs/demo", help="output directory (default: runs/demo)")
-    demo.add_argument("--models", default="runs/models", help="where tiny models are made/reused (default: runs/models)")
+    demo.add_argument("--models-root", default="runs/models",
+                      help="where tiny models are made/reused (default: %(default)s)")
     demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="the paper's measurements on real servers")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     mc = bench_sub.add_parser("multi-candidate", help="multi-candidate scoring: arms x models, open-loop arrivals")
-    from sglang_radixflow.bench.runner import add_arguments
+    from sglang_radixflow.bench.multi_candidate_cli import add_arguments
 
     add_arguments(mc)
     mc.set_defaults(func=_cmd_bench_multi_candidate)

@@ -22,6 +22,13 @@ MAX_POSITIONS = 16384
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")
 MARKER_FILE = "radixflow_model.json"
+# What a model directory holds; ensure_model remakes one written with an older format (2: the chat template).
+MODEL_FORMAT = 2
+# Role-tagged turns, each ended by EOS, so that SGLang's /v1/chat/completions (what agent frameworks call) answers.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,7 @@ def train_tokenizer(out: Path, seed: int) -> None:
     assert tok.get_vocab_size() <= VOCAB_SIZE, tok.get_vocab_size()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.model_max_length = MAX_POSITIONS
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
 
 
@@ -154,7 +162,7 @@ def make_model(arch: str, out: str | Path, seed: int = 0) -> Path:
     written = json.loads(config_path.read_text())
     written.update(spec.sglang_overrides)
     config_path.write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
-    (out / MARKER_FILE).write_text(json.dumps({"arch": arch, "seed": seed}) + "\n")
+    (out / MARKER_FILE).write_text(json.dumps({"arch": arch, "seed": seed, "format": MODEL_FORMAT}) + "\n")
     return out
 
 
@@ -166,9 +174,46 @@ def model_arch(model_dir: str | Path) -> str:
     return json.loads(marker.read_text())["arch"]
 
 
+# config.json model_type of the hybrid families SGLang 0.5.23 serves with a recurrent state (configs/hybrid_arch.py):
+# their servers on a CPU get the mamba strategy flags and a bounded state pool.
+HYBRID_MODEL_TYPES: frozenset[str] = frozenset({
+    "nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "falcon_h1", "lfm2",
+    "lfm2_moe", "mamba", "mamba2", "falcon_mamba", "kimi_linear", "bailing_hybrid", "jet_nemotron", "zaya",
+    "granitemoehybrid",
+})
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any]:
+    """config.json of a local model directory (a tiny model or the user's own); FileNotFoundError names the path."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir}: no config.json (expected a local Hugging Face model directory)")
+    return json.loads(path.read_text())
+
+
+def is_hybrid_model(model_dir: str | Path) -> bool:
+    """Whether a model directory holds a hybrid (recurrent-state) model: a tiny model's arch, else its model_type
+    (or its text model's, for the multimodal wrappers)."""
+    marker = Path(model_dir) / MARKER_FILE
+    if marker.is_file():
+        return model_arch(model_dir) in HYBRID_ARCHS
+    config = read_model_config(model_dir)
+    types = {config.get("model_type"), (config.get("text_config") or {}).get("model_type")}
+    return bool(types & HYBRID_MODEL_TYPES)
+
+
+def model_vocab_size(model_dir: str | Path) -> int:
+    config = read_model_config(model_dir)
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"{model_dir}/config.json: no vocab_size (the workloads draw token ids below it)")
+    return size
+
+
 def ensure_model(arch: str, root: str | Path, seed: int = 0) -> Path:
-    """root/<arch>-s<seed>, made if missing (used by demo, bench and tests)."""
+    """root/<arch>-s<seed>, made if missing or of an older format (used by demo, bench and tests)."""
     target = Path(root) / f"{arch}-s{seed}"
-    if (target / MARKER_FILE).is_file():
+    marker = target / MARKER_FILE
+    if marker.is_file() and json.loads(marker.read_text()).get("format", 1) == MODEL_FORMAT:
         return target
     return make_model(arch, target, seed)

@@ -30,9 +30,11 @@ from sglang_radixflow.bench.report import (
 )
 from sglang_radixflow.bench.server import (
     HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
-    check_overlap_schedule, live_servers, overlap_flags, overlap_off,
+    check_overlap_schedule, live_servers, overlap_flags, overlap_off, parse_server_args,
 )
-from sglang_radixflow.models import ARCHS, HYBRID_ARCHS, MAX_POSITIONS, ensure_model
+from sglang_radixflow.bench.model_args import add_model_arguments, models_from_args
+from sglang_radixflow.bench.workload_file import read_agent_file, tokenizer_encode
+from sglang_radixflow.models import ARCHS, MAX_POSITIONS, ensure_model, is_hybrid_model, read_model_config
 
 POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
@@ -43,6 +45,12 @@ TLRU_TURNS = 4
 # leaves; on a full-attention model chunks would only add prefill rounds.
 
 HYBRID_CHUNK = 128
+# Server flags the agent bench sets itself (server_args, the cache, the overlap loop, the server's own address).
+OWNED_SERVER_FLAGS: tuple[str, ...] = (
+    "--radix-eviction-policy", "--radix-eviction-policy-config", "--max-total-tokens", "--max-running-requests",
+    "--chunked-prefill-size", "--max-mamba-cache-size", "--radix-cache-backend", "--disable-overlap-schedule",
+    "--model-path", "--host", "--port",
+)
 DEFAULT_CHUNK = 4096
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
 
@@ -63,6 +71,8 @@ class AgentBenchOptions:
     server_threads: int = 1  # OMP_NUM_THREADS per server (see bench/runner.py)
     extra_server_args: tuple[str, ...] = ()
     overlap_schedule: str = "auto"  # SGLang's overlap scheduler: auto (off on a CPU: server.overlap_off), on, off
+    model_path: Optional[Path] = None  # the user's own model directory (`models` is then its one name)
+    workload_file: Optional[Path] = None  # the user's trajectories (bench/workload_file.py) instead of generated ones
 
     def __post_init__(self) -> None:
         bad = [p for p in self.policies if p not in POLICIES]
@@ -72,9 +82,12 @@ class AgentBenchOptions:
             raise ValueError("need at least one policy and one model")
         if self.seeds < 1:
             raise ValueError(f"seeds={self.seeds} must be >= 1")
+        if self.model_path is not None and not self.model_path.is_dir():
+            raise ValueError(f"--model-path {self.model_path}: no such directory")
         unknown = [m for m in self.models if m not in ARCHS]
-        if unknown:
-            raise ValueError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(ARCHS)}")
+        if unknown and self.model_path is None:
+            raise ValueError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(ARCHS)} "
+                             "(or --model-path DIR for a model directory of your own)")
         for name in ("rr_block", "hybrid_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
@@ -85,11 +98,19 @@ class AgentBenchOptions:
     def overlap_off(self) -> bool:
         return overlap_off(self.overlap_schedule)
 
+    def model_dir(self, model: str) -> Path:
+        return self.model_path if self.model_path is not None else ensure_model(model, self.models_root)
+
     def workloads(self) -> list[AgentWorkload]:
-        return [make_agent_workload(replace(self.params, seed=self.params.seed + i)) for i in range(self.seeds)]
+        """One per seed: generated agents, or the file's trajectories under each seed's schedule."""
+        params = [replace(self.params, seed=self.params.seed + i) for i in range(self.seeds)]
+        if self.workload_file is None:
+            return [make_agent_workload(p) for p in params]
+        encode = tokenizer_encode(self.model_dir(self.models[0]))
+        return [read_agent_file(self.workload_file, p, encode) for p in params]
 
 
-def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK) -> list[str]:
+def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr_block: int = 16) -> list[str]:
     # A no_buffer hybrid stores a mamba state only where an extend ends (each chunk of a chunked prefill, and the
     # finish). Whole prompts in one extend would leave the first turn (system + first message, most of a history)
     # as one stateless span: a hybrid path could then only be kept whole or lost whole there. Chunking every
@@ -101,6 +122,8 @@ def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK) ->
             "--max-running-requests", str(params.active), "--chunked-prefill-size", str(chunk),
             # states are not what is scarce here: every chunk / turn may keep one (KV capacity m is the constraint)
             "--max-mamba-cache-size", str(params.agents * states_per_agent + 64)]
+    if policy == "rr":
+        args += ["--radix-eviction-policy-config", json.dumps({"block": rr_block})]
     if policy == "tlru":
         per_turn = params.new_tokens + params.gen_tokens
         args += ["--radix-eviction-policy-config",
@@ -216,8 +239,9 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log) -> list[dict[s
 def arm_server(model_path: Path, arch: str, policy: str, params: AgentParams, opts: AgentBenchOptions,
                env: dict[str, str], log_path: Path) -> SGLangServer:
     """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy."""
-    chunk = opts.hybrid_chunk if arch in HYBRID_ARCHS else DEFAULT_CHUNK
-    args = server_args(policy, params, chunk) + list(opts.extra_server_args) + overlap_flags(opts.overlap_schedule)
+    chunk = opts.hybrid_chunk if is_hybrid_model(model_path) else DEFAULT_CHUNK
+    args = (server_args(policy, params, chunk, opts.rr_block) + list(opts.extra_server_args)
+            + overlap_flags(opts.overlap_schedule))
     return SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=log_path,
                         mamba_strategy=opts.mamba_strategy, extra_args=args)
 
@@ -228,7 +252,7 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
     arm_dir.mkdir(parents=True, exist_ok=True)
     trace = (arm_dir / "trace.jsonl").resolve()
     trace.unlink(missing_ok=True)
-    env = {"RADIXFLOW_TRACE": str(trace), "RADIXFLOW_RR_BLOCK": str(opts.rr_block)}
+    env = {"RADIXFLOW_TRACE": str(trace)}
     if opts.server_threads > 0:
         env["OMP_NUM_THREADS"] = str(opts.server_threads)
     server = arm_server(model_path, arch, policy, workloads[0].params, opts, env, arm_dir / "server.log")
@@ -500,10 +524,12 @@ def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
         {"workload": {**workloads[0].describe(), "rr_block": opts.rr_block, "hybrid_chunk": opts.hybrid_chunk,
                       "hybrid_strategy": opts.mamba_strategy,
                       "overlap_schedule": "off" if opts.overlap_off else "on",
-                      "seeds": [w.params.seed for w in workloads]},
-         "models": list(opts.models), "policies": list(opts.policies)}, indent=1))
+                      "seeds": [w.params.seed for w in workloads],
+                      "source": str(opts.workload_file) if opts.workload_file is not None else None},
+         "models": list(opts.models), "policies": list(opts.policies),
+         "model_path": str(opts.model_path) if opts.model_path is not None else None}, indent=1))
     for arch in opts.models:
-        model_path = ensure_model(arch, opts.models_root)
+        model_path = opts.model_dir(arch)
         for policy in opts.policies:
             run_arm(model_path, arch, policy, workloads, opts, log)
             assert not live_servers(), live_servers()
@@ -535,23 +561,38 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def prompt_too_long(params: AgentParams, max_positions: int = MAX_POSITIONS) -> Optional[str]:
-    """Why the longest prompt (+ its output) overflows the tiny models' positions, or None if it fits. SGLang would
-    only reject such a request mid-run, after servers have started."""
+def prompt_too_long(params: AgentParams, max_positions: int = MAX_POSITIONS, whose: str = "the tiny models'"
+                    ) -> Optional[str]:
+    """Why the longest prompt (+ its output) overflows the model's positions, or None if it fits. SGLang would only
+    reject such a request mid-run, after servers have started."""
     longest = params.max_prompt_tokens() + params.gen_tokens
     if longest <= max_positions:
         return None
-    return (f"the longest prompt + output is {longest} tokens, over the tiny models' {max_positions} positions: "
+    return (f"the longest prompt + output is {longest} tokens, over {whose} {max_positions} positions: "
             f"lower --first-tokens / --new-tokens / --turns")
+
+
+def positions_of(model_path: Path) -> int:
+    """The context length of a model directory (its config's max_position_embeddings, or its text model's)."""
+    config = read_model_config(model_path)
+    n = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    return int(n) if n else MAX_POSITIONS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = AgentParams()
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quick", action="store_true", help="a smaller workload (a few minutes on 2 CPU cores)")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {', '.join(POLICIES)}")
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma list of tiny-model archs")
-    p.add_argument("--models-root", default="runs/models", help="where tiny models are made/reused")
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help=f"comma list of {', '.join(POLICIES)} (default: %(default)s)")
+    add_model_arguments(p, DEFAULT_MODELS)
+    p.add_argument("--workload", default=None,
+                   help='your own trajectories instead of generated agents: a JSONL file, one {"turns": [...]} per '
+                        "line, text or token ids (examples/agent_workload.jsonl); --active / --capacity / "
+                        "--return-order / --seeds still set the schedule")
+    p.add_argument("--server-args", default="",
+                   help="extra SGLang server flags for every policy's server, shell-quoted (not the flags the bench "
+                        "sets: " + ", ".join(OWNED_SERVER_FLAGS) + ")")
     p.add_argument("--agents", type=int, default=None, help=f"n (default {d.agents})")
     p.add_argument("--active", type=int, default=None, help=f"n_a (default {d.active})")
     p.add_argument("--capacity", type=float, default=None, help=f"m, in trajectories (default {d.capacity})")
@@ -569,14 +610,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "instants with this mean gap (real tool / think time; see bench/agent_workload.py)")
     p.add_argument("--seed", type=int, default=0, help="first schedule seed")
     p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
-    p.add_argument("--rr-block", type=int, default=16, help="RR-Evict tail block on full-attention paths")
+    p.add_argument("--rr-block", type=int, default=16,
+                   help="RR-Evict tail block on full-attention paths, passed as --radix-eviction-policy-config "
+                        "'{\"block\": N}' (default: %(default)s)")
     p.add_argument("--hybrid-chunk", type=int, default=HYBRID_CHUNK,
                    help="--chunked-prefill-size on hybrid models, for every policy "
                         "(a no_buffer hybrid keeps a state per chunk)")
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                    help=HYBRID_STRATEGY_HELP)
     add_overlap_argument(p)
-    p.add_argument("--report-only", action="store_true", help="rebuild summary.json / report.md / PNG from --out")
 
 
 def params_from_args(args: argparse.Namespace) -> AgentParams:
@@ -591,29 +633,32 @@ def params_from_args(args: argparse.Namespace) -> AgentParams:
 def options_from_args(args: argparse.Namespace) -> AgentBenchOptions:
     """The bench's options; ValueError naming the bad flag."""
     params = params_from_args(args)
-    too_long = prompt_too_long(params)
+    models, model_path = models_from_args(args, DEFAULT_MODELS)
+    if model_path is not None and not model_path.is_dir():
+        raise ValueError(f"--model-path {model_path}: no such directory")
+    too_long = (prompt_too_long(params) if model_path is None
+                else prompt_too_long(params, positions_of(model_path), f"{model_path.name}'s"))
     if too_long:
         raise ValueError(too_long)
     return AgentBenchOptions(
-        out=Path(args.out), params=params, models=tuple(m for m in args.models.split(",") if m),
+        out=Path(args.out), params=params, models=models, model_path=model_path,
+        workload_file=Path(args.workload) if args.workload else None,
         policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
         rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, mamba_strategy=args.hybrid_strategy, seeds=args.seeds,
-        overlap_schedule=args.overlap_schedule)
+        overlap_schedule=args.overlap_schedule,
+        extra_server_args=parse_server_args(args.server_args, OWNED_SERVER_FLAGS))
 
 
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if args.report_only:
-        if not (out / "workload.json").is_file():
-            raise SystemExit(f"radixflow bench agent: {out}: no agent bench records here (workload.json missing); "
-                             "run without --report-only first")
-        summary = write_report(out)
-    else:
-        try:  # bad options end here, before any directory is written or server started
-            opts = options_from_args(args)
-        except ValueError as err:
-            raise SystemExit(f"radixflow bench agent: {err}") from None
+    try:  # bad options end here, before any directory is written or server started
+        opts = options_from_args(args)
+    except ValueError as err:
+        raise SystemExit(f"radixflow bench agent: {err}") from None
+    try:
         summary = run(opts)
+    except ValueError as err:  # a bad --workload file: its line and field
+        raise SystemExit(f"radixflow bench agent: {err}") from None
     print((out / "report.md").read_text())
     return 1 if any(a["errors"] for a in summary["arms"].values()) else 0
 

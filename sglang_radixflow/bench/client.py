@@ -51,12 +51,16 @@ def generate_body(input_ids: Sequence[int], rid: str) -> bytes:
 
 def post_generate(url: str, input_ids: Sequence[int], rid: str, timeout_s: float,
                   body: Optional[bytes] = None) -> dict[str, Any]:
-    req = urllib.request.Request(
-        url + "/generate", data=body if body is not None else generate_body(input_ids, rid),
-        headers={"Content-Type": "application/json"},
-    )
+    return post_json(url, "/generate", body if body is not None else generate_body(input_ids, rid), timeout_s)
+
+
+def post_json(url: str, path: str, payload: Any, timeout_s: float) -> Any:
+    """POST a JSON body (an object, or bytes already encoded); the decoded answer (None for an empty one)."""
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    req = urllib.request.Request(url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
+        body = resp.read()
+    return json.loads(body) if body.strip() else None
 
 
 def fill_from_response(rec: RequestRecord, body: Mapping[str, Any]) -> None:

@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from sglang_radixflow.bench import remote
 from sglang_radixflow.bench.client import first_token_agreement
 from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 
@@ -153,16 +154,24 @@ def _adopted(extra: dict[str, Any]) -> str:
 def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefill: Sequence[dict[str, int]],
                 trace: Optional[dict[str, Any]], S: int, T: int,
                 baseline_requests: Optional[Sequence[dict[str, Any]]],
-                run: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                run: Optional[dict[str, Any]] = None, counts: Optional[dict[str, int]] = None,
+                missing: Optional[str] = None) -> dict[str, Any]:
+    """One arm's summary. `counts`: prefill rounds / rows / tokens from a server's metrics where the bench has no log
+    of it (bench/remote.py); `missing`: why neither is there (those fields are then null, never zero)."""
     ok = [r for r in requests if not r.get("error")]
     lat = [float(r["latency_s"]) for r in ok]
     prompt = sum(int(r["prompt_len"]) for r in requests)
     # The score path's endpoint reports no cached tokens (None): no client reuse, and chunk depth counts one round.
     known = [r for r in ok if r.get("cached_tokens") is not None]
     cached = sum(int(r["cached_tokens"]) for r in known)
-    lm = log_metrics(prefill)
+    lm: dict[str, Any] = log_metrics(prefill)
+    if counts is not None:
+        lm.update(counts)
+    measured = bool(prefill) or counts is not None
+    if missing is not None:
+        lm.update(dict.fromkeys(("prefill_rounds", "rows", "tokens"), None))
     depth = max((math.ceil((int(r["prompt_len"]) - int(r["cached_tokens"])) / T) for r in known), default=1)
-    bound = max(math.ceil(lm["tokens"] / T), math.ceil(lm["rows"] / S), depth) if prefill else None
+    bound = max(math.ceil(lm["tokens"] / T), math.ceil(lm["rows"] / S), depth) if measured else None
     t = trace or {}
     agreement = (
         first_token_agreement(requests, baseline_requests)
@@ -180,8 +189,8 @@ def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefil
         "errors": len(requests) - len(ok),
         "rounds": lm["prefill_rounds"],
         "prefill_rounds": lm["prefill_rounds"],
-        "rows_per_round": _ratio(lm["rows"], lm["prefill_rounds"]),
-        "tokens_per_round": _ratio(lm["tokens"], lm["prefill_rounds"]),
+        "rows_per_round": _ratio(lm["rows"], lm["prefill_rounds"]) if measured else None,
+        "tokens_per_round": _ratio(lm["tokens"], lm["prefill_rounds"]) if measured else None,
         "latency_mean_s": mean(lat),
         "latency_p50_s": percentile(lat, 50),
         "latency_p95_s": percentile(lat, 95),
@@ -201,14 +210,16 @@ def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefil
         "ttft_p99_s": percentile(lat, 99),
         "missed_tokens_mean": None,  # agent bench only
         "missed_tokens_p99": None,
-        "extra": {
-            "log_cached_tokens": lm["cached"],
-            "log_queue_max": lm["queue_max"],
-            "log_queue_mean": lm["queue_mean"],
-            "log_new_tokens": lm["tokens"],
+        "extra": {  # the log's own view (null for a server whose log the bench does not have)
+            "log_cached_tokens": lm["cached"] if prefill else None,
+            "log_queue_max": lm["queue_max"] if prefill else None,
+            "log_queue_mean": lm["queue_mean"] if prefill else None,
+            "log_new_tokens": lm["tokens"] if prefill else None,
             # Server-side: 1 - tokens the server computed / prompt tokens. Unlike cached_tokens this also charges what
             # requests no client sees computed (radixflow's prefix requests), so it is the reuse the model really got.
-            "computed_reuse_ratio": (1.0 - lm["tokens"] / prompt) if prefill and prompt else None,
+            "computed_reuse_ratio": (1.0 - lm["tokens"] / prompt) if measured and prompt else None,
+            "missing": missing,
+            "url": (run or {}).get("url"),
             "trace_rounds": t.get("rounds"),
             "trace_prefill_rounds": t.get("prefill_rounds"),
             "trace_by_kind": t.get("by_kind"),
@@ -259,7 +270,12 @@ def load_arm(out: Path, model: str, arm: str, path: str = "raw") -> dict[str, An
             reqs = [r for r in request_records(records) if r.get("rid") in rids]
         trace = trace_metrics(rounds, reqs)
     questions = read_jsonl(base / f"{arm}.questions.jsonl")  # frontend paths only
-    return {"run": run, "requests": requests, "prefill": prefill, "trace": trace, "questions": questions}
+    counts, missing = None, None
+    if run.get("url"):  # a server the bench did not start: no log, what its metrics counted if anything
+        counts = remote.counted(run.get("metrics_start"), run.get("metrics_end"))
+        missing = None if counts is not None else remote.missing_note(run.get("server") or {})
+    return {"run": run, "requests": requests, "prefill": prefill, "trace": trace, "questions": questions,
+            "counts": counts, "missing": missing}
 
 
 def frontend_metrics(questions: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -311,7 +327,7 @@ def build_summary(out: str | Path,
         base = loaded.get((model, BASELINE_ARM))
         arms[f"{model}/{arm}"] = arm_summary(
             model, arm, data["requests"], data["prefill"], data["trace"], S, T,
-            base["requests"] if base is not None else None, data["run"],
+            base["requests"] if base is not None else None, data["run"], data["counts"], data["missing"],
         )
         if data["questions"]:
             arms[f"{model}/{arm}"]["extra"]["frontend"] = frontend_metrics(data["questions"])
@@ -359,6 +375,12 @@ def _server_args_note(args: Optional[Sequence[str]]) -> str:
     return f", extra server flags `{' '.join(args)}`" if args else ""
 
 
+def _servers_note(w: dict[str, Any]) -> str:
+    pairs = ", ".join(f"`{arm}` at {url}" for arm, url in zip(w.get("arms", []), w.get("urls", [])))
+    return (f"Servers: already running, not started by the bench ({pairs}); budgets and cache settings are theirs "
+            "(each arm's run.json records its /server_info).")
+
+
 def _pct(x: Optional[float]) -> str:
     return "—" if x is None else f"{100 * x:.2f}%"
 
@@ -389,11 +411,12 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"Budgets: S = {b['S']} rows (`--prefill-max-requests`; `--max-running-requests` "
         f"{running}), T = {b['T']} tokens "
         f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
-        f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
-        f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
-        f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
-        f"{overlap_note(w.get('overlap_schedule', 'on'))}{_server_args_note(w.get('server_args'))}; each "
-        "question's branches are released together by the client (see the sibling send spread).",
+        _servers_note(w) if w.get("urls") else (
+            f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
+            f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
+            f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
+            f"{overlap_note(w.get('overlap_schedule', 'on'))}{_server_args_note(w.get('server_args'))}; each "
+            "question's branches are released together by the client (see the sibling send spread)."),
         "",
     ]
     if w.get("path") == "score":
@@ -442,6 +465,10 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
                 f"{_f(e.get('send_spread_ms_mean'), '{:.2f}')} / {_f(e.get('send_spread_ms_max'), '{:.2f}')} | "
                 f"{_f(e.get('loadavg_start'), '{:.1f}')} / {_f(e.get('loadavg_end'), '{:.1f}')} |"
             )
+        for key, a in summary["arms"].items():
+            if a["model"] == model and a["extra"].get("missing"):
+                lines.append(f"Not measured for `{key.split('/', 1)[1]}` ({a['extra'].get('url')}): "
+                             f"{a['extra']['missing']}.")
         lines.append("")
     fe = {k: a["extra"]["frontend"] for k, a in summary["arms"].items() if a.get("extra", {}).get("frontend")}
     if fe:

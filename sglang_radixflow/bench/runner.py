@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from sglang_radixflow.bench import report
+from sglang_radixflow.bench import remote, report
 from sglang_radixflow.bench.client import OpenLoopClient, RequestRecord, post_generate
 from sglang_radixflow.bench.frontend import (
     FRONTEND_PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
@@ -25,14 +24,14 @@ from sglang_radixflow.bench.frontend import (
 from sglang_radixflow.bench.score import ScoreClient
 from sglang_radixflow.bench.progress import Log, print_progress
 from sglang_radixflow.bench.server import (
-    HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, SGLangServer, add_overlap_argument, check_hybrid_strategy,
-    check_overlap_schedule, live_servers, overlap_flags, overlap_off, parse_server_args,
+    SGLangServer, check_hybrid_strategy, check_overlap_schedule, live_servers, overlap_flags, overlap_off,
 )
+from sglang_radixflow.bench.workload_file import Encode, read_workload_file, tokenizer_encode
 from sglang_radixflow.bench.workloads import (
-    Question, Request, WorkloadParams, held_out, make_workload, warmup_prompts,
+    Question, Request, Workload, WorkloadParams, held_out, make_workload, warmup_prompts,
 )
 from sglang_radixflow.config import ARMS
-from sglang_radixflow.models import ARCHS, ensure_model
+from sglang_radixflow.models import ARCHS, VOCAB_SIZE, ensure_model, model_vocab_size
 
 DEFAULT_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
@@ -65,6 +64,12 @@ class BenchOptions:
     # hybrids: SGLang's mamba radix-cache strategy (bench/server.py): no_buffer, or extra_buffer (GPU default; Mamba-2)
     mamba_strategy: str = "no_buffer"
     overlap_schedule: str = "auto"  # SGLang's overlap scheduler: auto (off on CPU, see overlap_off), on, off
+    # The user's own model directory instead of the tiny archs (`models` is then its one name); servers get the
+    # user's --server-args as given, and CPU flags only on a machine without a GPU.
+    model_path: Optional[Path] = None
+    # Servers already running, one per arm (in `arms` order): nothing is started, budgets are read from them.
+    urls: tuple[str, ...] = ()
+    workload_file: Optional[Path] = None  # the user's questions (bench/workload_file.py) instead of the generated ones
 
     def __post_init__(self) -> None:
         if self.path not in PATHS:
@@ -72,11 +77,25 @@ class BenchOptions:
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown:
             raise ValueError(f"unknown arm(s) {', '.join(unknown)}; allowed: {', '.join(ARMS)}")
-        if not self.arms or not self.models:
+        if (not self.arms and not self.urls) or not self.models:
             raise ValueError("need at least one arm and one model")
-        unknown = [m for m in self.models if m not in ARCHS]
-        if unknown:
-            raise ValueError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(ARCHS)}")
+        if self.urls and self.arms and len(self.urls) != len(self.arms):
+            raise ValueError(f"--url gives {len(self.urls)} server(s) for {len(self.arms)} arm(s) "
+                             f"({', '.join(self.arms)}): one URL per arm, in --arms order")
+        if self.urls and self.budgets is not None:
+            raise ValueError("--budgets with --url: the servers' own budgets are used (read from /server_info)")
+        if self.urls and self.path in FRONTEND_PATHS and self.model_path is None:
+            raise ValueError(f"--path {self.path} with --url needs the served model's tokenizer: add --model-path DIR")
+        if self.workload_file is not None and self.budgets is None and not self.urls:
+            raise ValueError("--workload FILE: give the budgets (--budgets S,T, or --quick); calibration runs on "
+                             "generated questions")
+        if self.model_path is not None:
+            check_model_dir(self.model_path)
+        elif not self.urls:
+            unknown = [m for m in self.models if m not in ARCHS]
+            if unknown:
+                raise ValueError(f"unknown model(s) {', '.join(unknown)}; allowed: {', '.join(ARCHS)} "
+                                 "(or --model-path DIR for a model directory of your own)")
         if self.budgets is not None and min(self.budgets) < 1:
             raise ValueError(f"budgets S,T = {self.budgets}: both must be positive integers")
         for name in ("kv_tokens", "calibration_questions"):
@@ -91,6 +110,21 @@ class BenchOptions:
     def overlap_off(self) -> bool:
         """Whether every server runs with --disable-overlap-schedule (server.overlap_off)."""
         return overlap_off(self.overlap_schedule)
+
+
+def check_model_dir(path: Path) -> None:
+    """The user's model directory can serve the workload: it exists, and its vocabulary holds the token ids drawn."""
+    if not path.is_dir():
+        raise ValueError(f"--model-path {path}: no such directory")
+    vocab = model_vocab_size(path)
+    if vocab < VOCAB_SIZE:
+        raise ValueError(f"--model-path {path}: its vocabulary has {vocab} ids; the workload draws ids below "
+                         f"{VOCAB_SIZE}")
+
+
+def model_dir(opts: BenchOptions, model: str) -> Path:
+    """The directory a model name of the run stands for: the user's --model-path, or a tiny arch made on demand."""
+    return opts.model_path if opts.model_path is not None else ensure_model(model, opts.models_root)
 
 
 # Server flags the bench sets itself (budget_args, the arm's cache, --hybrid-strategy, --overlap-schedule, the
@@ -131,11 +165,11 @@ def make_server(model_path: Path, arm: str, S: int, T: int, opts: BenchOptions, 
                         mamba_strategy=opts.mamba_strategy)
 
 
-def warm_up(server: SGLangServer, timeout_s: float) -> None:
+def warm_up(url: str, timeout_s: float) -> None:
     """A cold prompt, then 4 siblings together (the consumer path), on prompts no workload request shares."""
     prompts = warmup_prompts()
-    post_generate(server.url, prompts[0], "warmup-0", timeout_s)
-    threads = [threading.Thread(target=post_generate, args=(server.url, p, f"warmup-{i + 1}", timeout_s))
+    post_generate(url, prompts[0], "warmup-0", timeout_s)
+    threads = [threading.Thread(target=post_generate, args=(url, p, f"warmup-{i + 1}", timeout_s))
                for i, p in enumerate(prompts)]
     for t in threads:
         t.start()
@@ -183,7 +217,7 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
     try:
         server.start()
         log(f"[{tag}] server up in {time.perf_counter() - t0:.0f}s on {server.url}; warming up")
-        warm_up(server, opts.request_timeout_s)
+        warm_up(server.url, opts.request_timeout_s)
         time.sleep(SETTLE_S)
         run: dict[str, Any] = {
             "model": model, "arm": arm, "model_path": str(model_path), "command": server.command(),
@@ -193,21 +227,7 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
             **code_version(),  # per arm: the code a server imported at its start
         }
         w0 = time.perf_counter()
-        if questions is None:
-            log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
-            client = OpenLoopClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
-            records = [r.to_dict() for r in client.run(requests)]
-        elif opts.path == "score":
-            log(f"[{tag}] sending {len(questions)} /v1/score calls (4 items each, open loop)")
-            scorer = ScoreClient(server.url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
-            records = [r.to_dict() for r in scorer.run(questions)]
-        else:
-            log(f"[{tag}] running {len(questions)} sgl.function programs ({opts.path} path, open loop)")
-            fe = FrontendClient(server.url, opts.path, on_done=_progress(tag, log, len(questions)),
-                                timeout_s=opts.request_timeout_s)
-            qrecs = fe.run(questions)
-            report.write_jsonl(out_dir / f"{arm}.questions.jsonl", (q.to_dict() for q in qrecs))
-            records = [r for q, rec in zip(questions, qrecs) for r in rec.request_records(q)]
+        records = send_workload(server.url, tag, arm, requests, questions, opts, out_dir, log)
         run["wall_s"] = time.perf_counter() - w0
         time.sleep(SETTLE_S)
         run["log_end"] = os.path.getsize(log_path)
@@ -224,11 +244,78 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
     return records
 
 
+def send_workload(url: str, tag: str, arm: str, requests: Sequence[Request],
+                  questions: Optional[Sequence[TextQuestion | Question]], opts: BenchOptions, out_dir: Path,
+                  log: Log) -> list[dict[str, Any]]:
+    """The workload, open loop, on the path of the run: the request records (one per branch request)."""
+    if questions is None:
+        log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
+        client = OpenLoopClient(url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
+        return [r.to_dict() for r in client.run(requests)]
+    if opts.path == "score":
+        log(f"[{tag}] sending {len(questions)} /v1/score calls (one per question, open loop)")
+        scorer = ScoreClient(url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
+        return [r.to_dict() for r in scorer.run(questions)]
+    log(f"[{tag}] running {len(questions)} sgl.function programs ({opts.path} path, open loop)")
+    fe = FrontendClient(url, opts.path, on_done=_progress(tag, log, len(questions)), timeout_s=opts.request_timeout_s)
+    qrecs = fe.run(questions)
+    report.write_jsonl(out_dir / f"{arm}.questions.jsonl", (q.to_dict() for q in qrecs))
+    return [r for q, rec in zip(questions, qrecs) for r in rec.request_records(q)]
+
+
+def run_remote_arm(model: str, url: str, arm: str, facts: dict[str, Any], requests: Sequence[Request],
+                   opts: BenchOptions, out_dir: Path, log: Log = print_progress,
+                   questions: Optional[Sequence[TextQuestion | Question]] = None) -> list[dict[str, Any]]:
+    """`run_arm` for a server already running at `url` (bench/remote.py): the same warm-up and workload; instead of
+    its log, its radixflow counters before and after (when it exports them)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = f"{model}/{arm}"
+    log(f"[{tag}] server at {url} ({facts.get('radix_cache_backend') or 'default'} cache, not started here); "
+        "flushing its cache and warming up")
+    # A second run against the same server would otherwise start from the first one's documents.
+    remote.flush_cache(url)
+    warm_up(url, opts.request_timeout_s)
+    time.sleep(SETTLE_S)
+    run: dict[str, Any] = {
+        "model": model, "arm": arm, "url": url, "server": facts, "S": facts.get("S"), "T": facts.get("T"),
+        "metrics_start": remote.scrape(url), "loadavg_start": os.getloadavg()[0], **code_version(),
+    }
+    w0 = time.perf_counter()
+    records = send_workload(url, tag, arm, requests, questions, opts, out_dir, log)
+    run["wall_s"] = time.perf_counter() - w0
+    time.sleep(SETTLE_S)
+    run["metrics_end"] = remote.scrape(url)
+    run["loadavg_end"] = os.getloadavg()[0]
+    report.write_jsonl(out_dir / f"{arm}.requests.jsonl", records)
+    (out_dir / f"{arm}.run.json").write_text(json.dumps(run, indent=2) + "\n")
+    errors = sum(r["error"] is not None for r in records)
+    log(f"[{tag}] done: {len(records) - errors}/{len(records)} completed")
+    return records
+
+
+def remote_arms(facts: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """Arm names for --url servers given without --arms: `radixflow` or `sglang`, by each server's cache backend."""
+    arms = tuple("radixflow" if remote.is_radixflow(f) else "sglang" for f in facts)
+    if len(set(arms)) < len(arms):
+        raise ValueError(f"--url: {len(arms)} servers read as arms {', '.join(arms)}; name them with --arms")
+    return arms
+
+
+def remote_budgets(facts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """budgets.json of a --url run: the servers' own S and T (the round lower bound's), from the first arm's."""
+    S, T = facts[0].get("S"), facts[0].get("T")
+    if not S or not T:
+        raise ValueError(f"{facts[0]['url']}: /server_info has no prefill budgets (S={S}, T={T})")
+    differ = [f["url"] for f in facts if (f.get("S"), f.get("T")) != (S, T)]
+    note = f"; servers with other budgets: {', '.join(differ)}" if differ else ""
+    return {"S": S, "T": T, "calibrated_on": f"read from the servers' /server_info{note}", "calibration": []}
+
+
 def calibrate(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     """S, T for the `sglang` arm on a held-out slice: the grid point with the lowest mean latency (ties: fewer
     prefill rounds, then the smaller budgets). Done once, on the first model; the result is frozen for all arms."""
     model = opts.models[0]
-    model_path = ensure_model(model, opts.models_root)
+    model_path = model_dir(opts, model)
     params = held_out(opts.workload, opts.calibration_questions)
     requests = make_workload(params).requests()
     cal_dir = opts.out / "calibration"
@@ -276,27 +363,37 @@ def code_version() -> dict[str, Any]:
 
 def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     out = opts.out
+    running_before = set(live_servers())  # servers of this process the bench did not start (tests: --url targets)
+    facts = [remote.server_facts(url) for url in opts.urls]  # ConnectionError names a server that does not answer
+    models = opts.models
+    if facts and opts.model_path is None:  # the served model's directory name, as a tiny model's arch names it
+        models = (Path(str(facts[0]["model_path"])).name or "model",)
+    arms = opts.arms or remote_arms(facts)
+    workload = load_workload(opts, models[0])
     out.mkdir(parents=True, exist_ok=True)
-    workload = make_workload(opts.workload)
     requests = workload.requests()
     desc = workload.describe()
-    log(f"workload: {desc['questions']} questions x 4 = {desc['requests']} requests, stream {desc['stream']}, "
-        f"order {desc['order']}, {desc['rate']} questions/s, seed {desc['seed']}, {desc['documents']} documents, "
+    log(f"workload: {desc['questions']} questions, {desc['requests']} requests, "
+        + (f"from {desc['source']}" if desc.get("source") else f"stream {desc['stream']}, order {desc['order']}")
+        + f", {desc['rate']} questions/s, seed {desc['seed']}, {desc['documents']} documents, "
         f"ideal reuse ratio {desc['ideal_reuse_ratio']:.4f}")
     frontend: dict[str, Any] = {"path": opts.path}
     if opts.path in FRONTEND_PATHS:
-        frontend.update(frontend_workload(workload, ensure_model(opts.models[0], opts.models_root)))
+        frontend.update(frontend_workload(workload, model_dir(opts, models[0])))
         log(f"frontend path {opts.path}: {frontend['text_mapping']}; ideal reuse of the choice requests "
             f"{frontend['ideal_reuse_ratio']:.4f}")
     (out / "workload.json").write_text(json.dumps({
-        **desc, **frontend, "models": list(opts.models), "arms": list(opts.arms), "kv_tokens": opts.kv_tokens,
+        **desc, **frontend, "models": list(models), "arms": list(arms), "urls": list(opts.urls),
+        "model_path": str(opts.model_path) if opts.model_path is not None else None, "kv_tokens": opts.kv_tokens,
         "quick": opts.quick, "server_threads": opts.server_threads, "hybrid_strategy": opts.mamba_strategy,
         "overlap_schedule": "off" if opts.overlap_off else "on", "server_args": list(opts.extra_server_args),
         "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
 
-    if opts.budgets is not None:
+    if facts:
+        budgets = remote_budgets(facts)
+    elif opts.budgets is not None:
         S, T = opts.budgets
         budgets = {"S": S, "T": T, "calibrated_on": "fixed", "calibration": []}
     else:
@@ -308,20 +405,39 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
     log(f"budgets frozen: S={S}, T={T} ({budgets['calibrated_on']})")
 
     t0 = time.perf_counter()
-    for model in opts.models:
-        model_path = ensure_model(model, opts.models_root)
+    for model in models:
         questions: Optional[Sequence[TextQuestion | Question]] = None
         if opts.path in FRONTEND_PATHS:
-            questions = text_questions(workload, word_lexicon(model_path))
+            questions = text_questions(workload, word_lexicon(model_dir(opts, model)))
         elif opts.path == "score":
             questions = workload.questions
-        for arm in opts.arms:
-            run_arm(model, model_path, arm, requests, S, T, opts, out / model, log, questions=questions)
-    leftover = live_servers()
-    assert not leftover, f"servers left running: {leftover}"
+        for i, arm in enumerate(arms):
+            if facts:
+                run_remote_arm(model, opts.urls[i], arm, facts[i], requests, opts, out / model, log, questions)
+            else:
+                run_arm(model, model_dir(opts, model), arm, requests, S, T, opts, out / model, log,
+                        questions=questions)
+    leftover = set(live_servers()) - running_before
+    assert not leftover, f"servers left running: {sorted(leftover)}"
     summary = report.write_report(out)
     log(f"all arms done in {time.perf_counter() - t0:.0f}s; wrote {out}/summary.json and {out}/report.md")
     return summary
+
+
+def load_workload(opts: BenchOptions, model: str) -> Workload:
+    """The generated workload, or the user's file (text in it encoded with `model`'s tokenizer, loaded on demand)."""
+    if opts.workload_file is None:
+        return make_workload(opts.workload)
+    encoder: list[Encode] = []
+
+    def encode(text: str, specials: bool) -> list[int]:
+        if not encoder:
+            if opts.model_path is None and model not in ARCHS:
+                raise ValueError(f"{opts.workload_file}: text needs the served model's tokenizer: add --model-path DIR")
+            encoder.append(tokenizer_encode(model_dir(opts, model)))
+        return encoder[0](text, specials)
+
+    return read_workload_file(opts.workload_file, opts.workload, encode)
 
 
 def frontend_workload(workload: Any, model_path: Path) -> dict[str, Any]:
@@ -336,103 +452,3 @@ def frontend_workload(workload: Any, model_path: Path) -> dict[str, Any]:
         "ideal_reuse_ratio": frontend_ideal_reuse(questions, lambda t: tok(t)["input_ids"]),
         "text_mapping": "each token id -> one whole-word token of the model's tokenizer (bench/frontend.py)",
     }
-
-
-def options_from_args(args: Any) -> BenchOptions:
-    """CLI namespace -> options (--quick fills in what was not given)."""
-    quick = bool(args.quick)
-    questions = args.questions or (16 if quick else 64)
-    params = WorkloadParams(
-        questions=questions, stream=args.stream, order=args.order, rate=args.rate, seed=args.seed,
-        doc_scale=args.doc_scale,
-    )
-    budgets: Optional[tuple[int, int]] = None
-    if args.budgets:
-        budgets = parse_budgets(args.budgets)
-    elif quick:
-        budgets = QUICK_BUDGETS
-    split = lambda v: tuple(x.strip() for x in v.split(",") if x.strip())  # noqa: E731
-    return BenchOptions(
-        out=Path(args.out), workload=params, models=split(args.models), arms=split(args.arms), budgets=budgets,
-        calibration_questions=args.calibration_questions, calibration_grid=parse_grid(args.calibration_grid),
-        kv_tokens=args.kv_tokens,
-        models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
-        mamba_strategy=args.hybrid_strategy, overlap_schedule=args.overlap_schedule,
-        extra_server_args=parse_server_args(args.server_args, OWNED_SERVER_FLAGS),
-    )
-
-
-def parse_budgets(text: str) -> tuple[int, int]:
-    """"8,2048" -> (8, 2048)."""
-    try:
-        s, t = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--budgets {text!r}: expected S,T (rows, tokens per prefill round), e.g. 8,2048") from None
-    return s, t
-
-
-def parse_grid(text: str) -> tuple[tuple[int, int], ...]:
-    """"8x2048,16x4096" -> ((8, 2048), (16, 4096))."""
-    grid = []
-    for item in text.split(","):
-        s, _, t = item.strip().partition("x")
-        if not s or not t:
-            raise ValueError(f"calibration grid item {item!r}: expected SxT, e.g. 16x2048")
-        try:
-            grid.append((int(s), int(t)))
-        except ValueError:
-            raise ValueError(f"calibration grid item {item!r}: expected SxT, e.g. 16x2048") from None
-    return tuple(grid)
-
-
-def add_arguments(parser: Any) -> None:
-    """Options of `radixflow bench multi-candidate` (cli.py adds the subcommand and calls main)."""
-    from sglang_radixflow.bench.workloads import ORDERS, STREAMS
-
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a real run of a few minutes: 16 questions, budgets fixed at S,T={QUICK_BUDGETS}")
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma list of {', '.join(ARMS)}")
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma list of tiny model archs")
-    parser.add_argument("--questions", type=int, default=0, help="questions (x4 requests); default 16 quick, 64 full")
-    parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrival rate, questions/s (default 4)")
-    parser.add_argument("--stream", choices=STREAMS, default="mixed")
-    parser.add_argument("--order", choices=ORDERS, default="forward")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--doc-scale", type=float, default=1.0,
-                        help="keep this leading fraction of every document, in (0, 1] (default 1); below 1 a CPU "
-                             "round's cost is less dominated by its tokens, as on a GPU")
-    parser.add_argument("--budgets", default="", help="S,T: fix the budgets instead of calibrating")
-    parser.add_argument("--calibration-questions", type=int, default=8, help="held-out questions per grid point")
-    parser.add_argument("--calibration-grid", default=",".join(f"{s}x{t}" for s, t in CALIBRATION_GRID),
-                        help="S x T points tried on the sglang arm when --budgets is not given")
-    parser.add_argument("--kv-tokens", type=int, default=32768, help="--max-total-tokens of every server")
-    parser.add_argument("--models-root", default="runs/models", help="where tiny models are made/reused")
-    parser.add_argument("--path", choices=PATHS, default="raw",
-                        help="raw: /generate per branch; select / fork: one sgl.function program per question "
-                             "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint; score: one "
-                             "call of SGLang's /v1/score per question (query = document + question, items = the "
-                             "candidates)")
-    parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
-                        help=HYBRID_STRATEGY_HELP)
-    add_overlap_argument(parser)
-    parser.add_argument("--server-args", default="",
-                        help="extra SGLang server flags for every arm's server, shell-quoted, e.g. "
-                             "\"--schedule-policy lpm\" (not the flags the bench sets from its own options)")
-    parser.add_argument("--server-threads", type=int, default=1,
-                        help="OMP_NUM_THREADS of every server (default 1: stable timings on a shared CPU; 0: torch's)")
-
-
-def main(args: Any) -> int:
-    try:  # bad options end here, before any directory is written or server started
-        opts = options_from_args(args)
-    except ValueError as err:
-        raise SystemExit(f"radixflow bench multi-candidate: {err}") from None
-    try:
-        summary = run_bench(opts)
-    finally:
-        leftover = live_servers()
-        if leftover:  # pragma: no cover - run_arm stops its server in a finally
-            print(f"warning: servers still running: {leftover}", file=sys.stderr)
-    print((opts.out / "report.md").read_text())
-    return 0 if all(a["errors"] == 0 for a in summary["arms"].values()) else 1

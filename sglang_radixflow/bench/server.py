@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from sglang_radixflow.config import PATH_VARIABLES
-from sglang_radixflow.models import HYBRID_ARCHS, model_arch
+from sglang_radixflow.models import is_hybrid_model
 
 # What SGLang 0.5.23 needs on a CPU-only machine (shared/notes/sglang-cpu.md): the CPU engine, torch-native
 # attention, no CUDA graphs, a sleeping idle loop (a spinning one starves torch on 2 cores), small fixed pools.
@@ -111,9 +111,9 @@ def attach_option_values(argv: Sequence[str], options: Sequence[str] = ("--serve
     return out
 
 
-def cpu_server_flags(arch: str, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
+def cpu_server_flags(hybrid: bool, max_total_tokens: int = 8192, mamba_strategy: str = "no_buffer") -> list[str]:
     flags = [*CPU_FLAGS, "--max-total-tokens", str(max_total_tokens)]
-    if arch in HYBRID_ARCHS:
+    if hybrid:
         if mamba_strategy not in HYBRID_STRATEGY_FLAGS:
             raise ValueError(f"mamba_strategy={mamba_strategy!r}; allowed: {', '.join(HYBRID_STRATEGY_FLAGS)}")
         flags += [*HYBRID_STRATEGY_FLAGS[mamba_strategy], *HYBRID_CPU_FLAGS]
@@ -212,7 +212,7 @@ class SGLangServer:
                "--host", "127.0.0.1", "--port", str(self.port)]
         use_cpu = on_cpu() if self.cpu is None else self.cpu
         if use_cpu:
-            cmd += cpu_server_flags(model_arch(self.model_path), mamba_strategy=self.mamba_strategy)
+            cmd += cpu_server_flags(is_hybrid_model(self.model_path), mamba_strategy=self.mamba_strategy)
         if self.radix_cache:
             cmd += ["--radix-cache-backend", self.radix_cache]
         return cmd + list(self.extra_args)

@@ -80,6 +80,7 @@ class WorkloadParams:
     candidate_len: tuple[int, int] = (3, 24)
     datasets: tuple[DatasetSpec, ...] = DATASETS
     doc_scale: float = 1.0  # the leading fraction of every document kept
+    source: Optional[str] = None  # the user's workload file (bench/workload_file.py); None: generated here
 
     def __post_init__(self) -> None:
         if self.questions < 1:
@@ -151,9 +152,11 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         """Every parameter plus what follows from them (what summary.json calls "workload")."""
         docs = {q.doc_id for q in self.questions}
+        sizes = {len(q.branches) for q in self.questions}
         return {
             **self.params.to_dict(),
-            "requests": len(self.questions) * CANDIDATES,
+            "candidates": sizes.pop() if len(sizes) == 1 else "varies",
+            "requests": sum(len(q.branches) for q in self.questions),
             "documents": len(docs),
             "prompt_tokens": self.prompt_tokens,
             "mean_doc_len": sum(q.doc_len for q in self.questions) / len(self.questions),
@@ -225,7 +228,9 @@ def _question(p: WorkloadParams, toks: _Tokens, doc: _Doc) -> tuple[int, tuple[t
     return len(ask), tuple(branches)
 
 
-def _arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
+def arrival_times(seed: int, rate: float, n: int) -> list[float]:
+    """Poisson arrival instants of n questions at `rate` questions/s, the first at t=0 (seeded by seed and rate)."""
+    rng = random.Random(f"arrivals/{seed}/{rate}")
     times, t = [], 0.0
     for i in range(n):
         if i:
@@ -261,7 +266,7 @@ def make_workload(params: WorkloadParams) -> Workload:
     drawn = [(doc, *_question(params, toks, doc)) for doc in plan]
     if params.order == "reverse":
         drawn.reverse()  # the same requests, asked in the opposite order
-    arrivals = _arrivals(random.Random(f"arrivals/{params.seed}/{params.rate}"), len(drawn), params.rate)
+    arrivals = arrival_times(params.seed, params.rate, len(drawn))
     questions = [
         Question(qid, doc.doc_id, doc.dataset.name, at, len(doc.tokens), qlen, branches)
         for qid, ((doc, qlen, branches), at) in enumerate(zip(drawn, arrivals))

@@ -4,17 +4,18 @@ from the files; and the agent bench (lru vs rr)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sglang_radixflow import cli
 from sglang_radixflow.bench import agent
-from sglang_radixflow.bench.agent import AgentBenchOptions
 from sglang_radixflow.bench.agent_workload import AgentParams
 from sglang_radixflow.bench.figures import FIG3, FIG4
 from sglang_radixflow.bench.runner import BenchOptions, run_bench
 from sglang_radixflow.bench.workloads import WorkloadParams
+from sglang_radixflow.models import MARKER_FILE
 from tests.integration.conftest import MODELS_ROOT
 from tests.unit.bench.test_summary import CONTRACT_ARM_KEYS
 
@@ -93,27 +94,35 @@ def test_score_path(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
 
 
 def test_agent_bench_rr_spreads_the_misses_lru_concentrates(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
-    """`radixflow bench agent --quick` on real servers (tiny NemotronH, lru and rr, one schedule): the contract, the
-    report and figure, no leaked slot, and RR-Evict doing its job: with n_a < m < n, lru throws whole idle histories
-    away (its P99 return recomputes most of one) while rr cuts tails across all of them."""
+    """`radixflow bench agent --quick --model-path DIR` on real servers (a copy of the tiny NemotronH outside the
+    models root, read as any model directory; lru and rr, one schedule): the contract, the report and figure, no
+    leaked slot, and RR-Evict doing its job: with n_a < m < n, lru throws whole idle histories away (its P99 return
+    recomputes most of one) while rr cuts tails across all of them."""
+    mine = tmp_path / "my-nemotron"
+    shutil.copytree(model_dirs["nemotron_h"], mine)
+    (mine / MARKER_FILE).unlink()
     out = tmp_path / "agent"
-    opts = AgentBenchOptions(out=out, params=AgentParams(**agent.QUICK), models=("nemotron_h",),
-                             policies=("lru", "rr"), models_root=MODELS_ROOT, seeds=1)
-    summary = agent.run(opts, log=lambda msg: None)
-    assert summary["kind"] == "agent" and list(summary["arms"]) == ["nemotron_h/lru", "nemotron_h/rr"]
-    turns = opts.params.agents * opts.params.turns
+    assert cli.main(["bench", "agent", "--quick", "--model-path", str(mine), "--policies", "lru,rr", "--seeds", "1",
+                     "--rr-block", "8", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    params = AgentParams(**agent.QUICK)
+    assert summary["kind"] == "agent" and list(summary["arms"]) == ["my-nemotron/lru", "my-nemotron/rr"]
+    turns = params.agents * params.turns
     for key, arm in summary["arms"].items():
         assert set(CONTRACT_ARM_KEYS) <= set(arm), key
         assert (arm["requests"], arm["completed"], arm["errors"]) == (turns, turns, 0), key
         assert arm["idle_leak_reported"] is False, key  # SGLang's idle memory check passed after the schedule
-        assert arm["return_turns"] == turns - opts.params.agents, key
-    lru, rr = summary["arms"]["nemotron_h/lru"], summary["arms"]["nemotron_h/rr"]
-    assert lru["missed_tokens_p99"] > opts.params.first_tokens  # lru's worst return lost most of a whole history
+        assert arm["return_turns"] == turns - params.agents, key
+    rr_log = (out / "my-nemotron" / "rr" / "server.log").read_text()
+    assert "RR-Evict: block=8 tokens" in rr_log and "--mamba-radix-cache-strategy" in " ".join(
+        json.loads((out / "my-nemotron" / "rr" / "meta.json").read_text())["server_args"])  # a hybrid, by its config
+    lru, rr = summary["arms"]["my-nemotron/lru"], summary["arms"]["my-nemotron/rr"]
+    assert lru["missed_tokens_p99"] > params.first_tokens  # lru's worst return lost most of a whole history
     assert rr["missed_tokens_p99"] < 0.5 * lru["missed_tokens_p99"], (rr["missed_tokens_p99"], lru["missed_tokens_p99"])
     assert rr["missed_tokens_mean"] < lru["missed_tokens_mean"]
-    target = summary["targets"]["nemotron_h"]["missed_p99"]
+    target = summary["targets"]["my-nemotron"]["missed_p99"]
     assert target["ratio"] == rr["missed_tokens_p99"] / lru["missed_tokens_p99"]
     assert (out / "agent_distributions.png").read_bytes()[:4] == b"\x89PNG"
     assert "| rr / lru |" in (out / "report.md").read_text()
-    saved = json.loads((out / "summary.json").read_text())
-    assert json.loads(json.dumps(agent.write_report(out))) == saved  # rebuilt from the saved per-turn records
+    assert cli.main(["report", str(out)]) == 0  # rebuilt from the saved per-turn records
+    assert json.loads((out / "summary.json").read_text()) == summary

@@ -188,3 +188,21 @@ def test_parallel_sampling_copies_reuse_the_prompt_and_equal_native(
     assert min(cached) >= len(prompt) - 2, cached
     if arch in HYBRID_ARCHS:
         assert max(o["meta_info"]["cached_tokens"] for o in native) < min(cached), "the hybrid reuses natively now"
+
+
+def test_chat_completions_answer_and_equal_native(servers: dict[str, SGLangServer]) -> None:
+    """The tiny models carry a chat template: SGLang's OpenAI chat endpoint (what agent frameworks call) answers, and
+    a second turn that extends the first conversation reuses it and reads as native's."""
+    conversation = [{"role": "system", "content": "You are a terse assistant."},
+                    {"role": "user", "content": "Summarise the river report in one line."}]
+    replies = {}
+    for name, server in servers.items():
+        turns = []
+        for messages in (conversation, conversation + [{"role": "assistant", "content": "The river rose."},
+                                                        {"role": "user", "content": "And the bridge?"}]):
+            body = server.post("/v1/chat/completions", {"model": "default", "messages": messages, "max_tokens": 6,
+                                                        "temperature": 0, "ignore_eos": True})
+            assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 6, body
+            turns.append((body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens"]))
+        replies[name] = turns
+    assert replies["radixflow"] == replies["native"]

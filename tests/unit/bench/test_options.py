@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_radixflow.bench.runner import QUICK_BUDGETS, budget_args, options_from_args, parse_grid
+from sglang_radixflow.bench.multi_candidate_cli import options_from_args, parse_grid
+from sglang_radixflow.bench.runner import QUICK_BUDGETS, budget_args
 from sglang_radixflow.cli import build_parser
 
 
@@ -62,7 +63,17 @@ def test_budget_flags() -> None:
     ("agent --rr-block 0", "--rr-block 0: must be >= 1"),
     ("agent --agents 4 --active 4", "need 0 < active (n_a=4) < capacity"),
     ("agent --first-tokens 100000", "over the tiny models' 16384 positions"),
-    ("agent --report-only", "no agent bench records here (workload.json missing)"),
+    ("agent --model-path /no/such/model", "--model-path /no/such/model: no such directory"),
+    ("agent --models qwen3 --model-path .", "--models (tiny archs) and --model-path (your model directory): give one"),
+    ("agent --server-args=--radix-eviction-policy=lru", "--radix-eviction-policy set by the bench itself"),
+    ("multi-candidate --model-path /no/such/model", "--model-path /no/such/model: no such directory"),
+    ("multi-candidate --arms sglang,prefix-stop,radixflow --url http://127.0.0.1:1",
+     "--url gives 1 server(s) for 3 arm(s) (sglang, prefix-stop, radixflow): one URL per arm, in --arms order"),
+    ("multi-candidate --url http://127.0.0.1:1", "http://127.0.0.1:1/server_info:"),  # nothing answers there
+    ("multi-candidate --arms radixflow --url http://127.0.0.1:1 --budgets 8,64",
+     "--budgets with --url: the servers' own budgets are used"),
+    ("multi-candidate --arms radixflow --url http://127.0.0.1:1 --path select",
+     "--path select with --url needs the served model's tokenizer: add --model-path DIR"),
 ])
 def test_bad_bench_options_stop_with_one_line_before_any_work(argv: str, message: str, tmp_path) -> None:
     """What a user sees: `radixflow bench ...: <what was wrong and what is allowed>`, no traceback, nothing written
@@ -238,3 +249,41 @@ def test_a_relative_trace_path_reaches_the_server_absolute(tmp_path, monkeypatch
     assert SGLangServer(str(tmp_path)).process_env()["RADIXFLOW_TRACE"] == str(here / "mine.jsonl")
     absolute = str(tmp_path / "abs.jsonl")
     assert SGLangServer(str(tmp_path), env={"RADIXFLOW_TRACE": absolute}).process_env()["RADIXFLOW_TRACE"] == absolute
+
+
+def test_version_and_top_level_help_name_the_serving_command(capsys) -> None:
+    from sglang_radixflow import __version__
+
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--version"])
+    assert capsys.readouterr().out.strip() == f"sglang-radixflow {__version__} (for SGLang 0.5.23)"
+    assert "python -m sglang.launch_server --model-path DIR --radix-cache radixflow" in parser.format_help()
+
+
+def test_a_model_directory_of_ones_own_is_read_from_its_config(tmp_path) -> None:
+    """--model-path takes any HF model directory: hybrid or not by its config (the CPU flags), vocabulary checked."""
+    import json
+
+    from sglang_radixflow.bench.runner import check_model_dir
+    from sglang_radixflow.models import is_hybrid_model
+
+    def model(name: str, config: dict) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+        return path
+
+    qwen35 = model("Qwen3.5-27B", {"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text",
+                                                                           "vocab_size": 248320}})
+    llama = model("llama", {"model_type": "llama", "vocab_size": 128256})
+    small = model("small", {"model_type": "llama", "vocab_size": 1000})
+    assert is_hybrid_model(qwen35) and not is_hybrid_model(llama)
+    assert is_hybrid_model(model("nemo", {"model_type": "nemotron_h", "vocab_size": 131072}))
+    check_model_dir(qwen35)
+    with pytest.raises(ValueError, match="its vocabulary has 1000 ids; the workload draws ids below 2048"):
+        check_model_dir(small)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        is_hybrid_model(tmp_path)
+    opts = _opts(f"--out x --model-path {qwen35} --quick")
+    assert opts.models == ("Qwen3.5-27B",) and opts.model_path == qwen35
