@@ -41,9 +41,9 @@ def _cmd_bench_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_agent(args: argparse.Namespace) -> int:
-    from sglang_radixflow.bench import agent
+    from sglang_radixflow.bench import agent_cli
 
-    return agent.main(args)
+    return agent_cli.main(args)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_arguments(rp)
     rp.set_defaults(func=_cmd_bench_replay)
     ag = bench_sub.add_parser("agent", help="agent trajectories: RR-Evict vs lru / tlru (TTFT, missed tokens)")
-    from sglang_radixflow.bench.agent import add_arguments as add_agent_arguments
+    from sglang_radixflow.bench.agent_cli import add_arguments as add_agent_arguments
 
     add_agent_arguments(ag)
     ag.set_defaults(func=_cmd_bench_agent)

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from sglang_radixflow.bench.workloads import Request
 
@@ -52,6 +52,19 @@ def generate_body(input_ids: Sequence[int], rid: str) -> bytes:
 def post_generate(url: str, input_ids: Sequence[int], rid: str, timeout_s: float,
                   body: Optional[bytes] = None) -> dict[str, Any]:
     return post_json(url, "/generate", body if body is not None else generate_body(input_ids, rid), timeout_s)
+
+
+def sse_json(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON events of a server-sent-event stream (SGLang's streamed /generate and OpenAI endpoints), up to
+    `data: [DONE]`."""
+    for raw in lines:
+        line = raw.decode(errors="replace").strip()
+        if not line.startswith("data:"):
+            continue
+        body = line[len("data:"):].strip()
+        if body == "[DONE]":
+            return
+        yield json.loads(body)
 
 
 def post_json(url: str, path: str, payload: Any, timeout_s: float) -> Any:

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from sglang_radixflow.bench.runner import (
-    CALIBRATION_GRID, DEFAULT_ARMS, DEFAULT_MODELS, OWNED_SERVER_FLAGS, PATHS, QUICK_BUDGETS, BenchOptions, run_bench,
+    CALIBRATION_GRID, DEFAULT_ARMS, DEFAULT_KV_TOKENS, DEFAULT_MODELS, OWNED_SERVER_FLAGS, PATHS, QUICK_BUDGETS, BenchOptions, run_bench,
 )
 from sglang_radixflow.bench.model_args import add_model_arguments, models_from_args
+from sglang_radixflow.bench.server import on_cpu
 from sglang_radixflow.bench.server import (
     HYBRID_STRATEGY_FLAGS, HYBRID_STRATEGY_HELP, add_overlap_argument, live_servers, parse_server_args,
 )
@@ -41,7 +42,8 @@ def options_from_args(args: Any) -> BenchOptions:
         arms=split(args.arms) if args.arms else () if urls else DEFAULT_ARMS,
         model_path=model_path, urls=urls, workload_file=workload_file,
         calibration_questions=args.calibration_questions, calibration_grid=parse_grid(args.calibration_grid),
-        kv_tokens=args.kv_tokens,
+        kv_tokens=args.kv_tokens if args.kv_tokens is not None else (
+            None if model_path is not None and not on_cpu() else DEFAULT_KV_TOKENS),
         models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
         mamba_strategy=args.hybrid_strategy, overlap_schedule=args.overlap_schedule,
         extra_server_args=parse_server_args(args.server_args, OWNED_SERVER_FLAGS),
@@ -103,7 +105,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--calibration-questions", type=int, default=8, help="held-out questions per grid point")
     parser.add_argument("--calibration-grid", default=",".join(f"{s}x{t}" for s, t in CALIBRATION_GRID),
                         help="S x T points tried on the sglang arm when --budgets is not given")
-    parser.add_argument("--kv-tokens", type=int, default=32768, help="--max-total-tokens of every server")
+    parser.add_argument("--kv-tokens", type=int, default=None,
+                        help=f"--max-total-tokens of every server (default: {DEFAULT_KV_TOKENS}; with --model-path on "
+                             "a GPU: SGLang's own sizing from memory)")
     parser.add_argument("--path", choices=PATHS, default="raw",
                         help="raw: /generate per branch; select / fork: one sgl.function program per question "
                              "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint; score: one "

@@ -412,7 +412,8 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         f"{running}), T = {b['T']} tokens "
         f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
         _servers_note(w) if w.get("urls") else (
-            f"Servers: one fresh server per arm, `--max-total-tokens {w.get('kv_tokens')}`, "
+            "Servers: one fresh server per arm, " + (f"`--max-total-tokens {w['kv_tokens']}`" if w.get("kv_tokens")
+                                                     else "SGLang's own KV pool size") + ", "
             f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
             f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
             f"{overlap_note(w.get('overlap_schedule', 'on'))}{_server_args_note(w.get('server_args'))}; each "

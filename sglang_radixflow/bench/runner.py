@@ -35,6 +35,7 @@ from sglang_radixflow.models import ARCHS, VOCAB_SIZE, ensure_model, model_vocab
 
 DEFAULT_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow")
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
+DEFAULT_KV_TOKENS = 32768
 # S mirrors the paper's Nemotron S = 16; T is its 8192 scaled like the QuALITY documents (x 0.25).
 QUICK_BUDGETS: tuple[int, int] = (16, 2048)
 CALIBRATION_GRID: tuple[tuple[int, int], ...] = ((8, 2048), (16, 2048), (16, 4096), (32, 4096))
@@ -51,7 +52,9 @@ class BenchOptions:
     budgets: Optional[tuple[int, int]] = None  # (S, T); None: calibrate on the sglang arm
     calibration_questions: int = 8
     calibration_grid: tuple[tuple[int, int], ...] = CALIBRATION_GRID
-    kv_tokens: int = 32768  # KV pool: large enough that the workload's documents are not evicted mid-run
+    # KV pool (--max-total-tokens): large enough that the workload's documents are not evicted mid-run; None: SGLang
+    # sizes it from memory (the default for your own model on a GPU)
+    kv_tokens: Optional[int] = DEFAULT_KV_TOKENS
     models_root: Path = Path("runs/models")
     request_timeout_s: float = 600.0
     quick: bool = False
@@ -99,7 +102,7 @@ class BenchOptions:
         if self.budgets is not None and min(self.budgets) < 1:
             raise ValueError(f"budgets S,T = {self.budgets}: both must be positive integers")
         for name in ("kv_tokens", "calibration_questions"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         if self.server_threads < 0:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
@@ -137,7 +140,7 @@ OWNED_SERVER_FLAGS: tuple[str, ...] = (
 RUNNING_PER_ROW_BUDGET = 2  # the round being planned and the one still in flight under the overlap scheduler
 
 
-def budget_args(S: int, T: int, kv_tokens: int) -> list[str]:
+def budget_args(S: int, T: int, kv_tokens: Optional[int]) -> list[str]:
     """Server flags for the budgets. S bounds every prefill batch (--prefill-max-requests). The running set is 2S
     (--max-running-requests): with one output token a request is done after its prefill round, but SGLang's overlap
     scheduler (on for full attention; hybrids on CPU run without it) plans the next pass before that round's results
@@ -147,7 +150,7 @@ def budget_args(S: int, T: int, kv_tokens: int) -> list[str]:
     return [
         "--prefill-max-requests", str(S), "--max-running-requests", str(RUNNING_PER_ROW_BUDGET * S),
         "--chunked-prefill-size", str(T), "--max-prefill-tokens", str(T),
-        "--max-total-tokens", str(kv_tokens),
+        *(["--max-total-tokens", str(kv_tokens)] if kv_tokens is not None else []),
     ]
 
 

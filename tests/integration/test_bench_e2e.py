@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sglang_radixflow import cli
-from sglang_radixflow.bench import agent
+from sglang_radixflow.bench import agent_cli
 from sglang_radixflow.bench.agent_workload import AgentParams
 from sglang_radixflow.bench.figures import FIG3, FIG4
 from sglang_radixflow.bench.runner import BenchOptions, run_bench
@@ -105,7 +105,7 @@ def test_agent_bench_rr_spreads_the_misses_lru_concentrates(tmp_path: Path, mode
     assert cli.main(["bench", "agent", "--quick", "--model-path", str(mine), "--policies", "lru,rr", "--seeds", "1",
                      "--rr-block", "8", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    params = AgentParams(**agent.QUICK)
+    params = AgentParams(**agent_cli.QUICK)
     assert summary["kind"] == "agent" and list(summary["arms"]) == ["my-nemotron/lru", "my-nemotron/rr"]
     turns = params.agents * params.turns
     for key, arm in summary["arms"].items():
@@ -126,3 +126,17 @@ def test_agent_bench_rr_spreads_the_misses_lru_concentrates(tmp_path: Path, mode
     assert "| rr / lru |" in (out / "report.md").read_text()
     assert cli.main(["report", str(out)]) == 0  # rebuilt from the saved per-turn records
     assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_agent_bench_through_the_chat_api(tmp_path: Path, model_dirs: dict[str, Path]) -> None:
+    """`--api chat`: every turn through SGLang's /v1/chat/completions (the tiny model's chat template, the servers
+    with --enable-cache-report); the returns find their conversations cached."""
+    out = tmp_path / "agent-chat"
+    assert cli.main(["bench", "agent", "--quick", "--api", "chat", "--models", "qwen3", "--policies", "rr",
+                     "--seeds", "1", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    arm = summary["arms"]["qwen3/rr"]
+    params = AgentParams(**agent_cli.QUICK)
+    assert (arm["requests"], arm["errors"]) == (params.agents * params.turns, 0)
+    assert summary["workload"]["api"] == "chat" and arm["reuse_ratio"] > 0.3
+    assert "--enable-cache-report" in json.loads((out / "qwen3" / "rr" / "meta.json").read_text())["server_args"]

@@ -21,7 +21,8 @@ KV_TOKENS = 2400  # examples/agent_serving.py's own default for the server it st
 @pytest.fixture(scope="module")
 def server(model_dirs: dict[str, Path]) -> Iterator[SGLangServer]:
     with SGLangServer(str(model_dirs["nemotron_h"]),
-                      extra_args=["--radix-eviction-policy", "rr", "--max-total-tokens", str(KV_TOKENS)]) as srv:
+                      extra_args=["--radix-eviction-policy", "rr", "--max-total-tokens", str(KV_TOKENS),
+                                  "--enable-cache-report"]) as srv:  # cached tokens in the chat API's usage
         yield srv
 
 
@@ -34,8 +35,8 @@ def _example_questions() -> list:
     raise AssertionError("examples/multi_candidate_scoring.py defines no QUESTIONS list")
 
 
-def _run_example(name: str, url: str) -> str:
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / name), "--url", url], cwd=ROOT,
+def _run_example(name: str, url: str, *extra: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / name), "--url", url, *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout
@@ -80,3 +81,18 @@ def test_agent_serving_example_keeps_idle_histories_under_eviction(server: SGLan
     assert missed == sum(m for _, _, m in returns)
     # the histories outgrow the pool (~3000 tokens > KV_TOKENS): some history is recomputed, most is not
     assert 0 < missed < reusable // 2, (missed, reusable)
+
+
+def test_agent_serving_example_through_the_chat_api(server: SGLangServer) -> None:
+    """`--api chat`: each agent is one conversation through /v1/chat/completions (the tiny model's chat template);
+    every return finds its own earlier conversation cached (cached tokens from the usage SGLang reports)."""
+    server.get("/flush_cache?timeout=30")
+    out = _run_example("agent_serving.py", server.url, "--api", "chat")
+    rows = [line.split() for line in out.splitlines() if re.fullmatch(r"\s*\d+\s+\d+\s+\d+\s+\d+\s+\d+\s+[\d.]+", line)]
+    assert len(rows) == 8 * 4
+    returns = [(int(prompt), int(cached), int(missed)) for turn, _, prompt, cached, missed, _ in rows if turn != "0"]
+    assert all(cached > 0 for _, cached, _ in returns)
+    assert all(prompt > cached for prompt, cached, _ in returns)
+    summary = re.search(r"rr: (\d+) of (\d+) reusable history tokens recomputed", out)
+    assert summary is not None, out[-1000:]
+    assert int(summary.group(1)) == sum(m for _, _, m in returns) < int(summary.group(2))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_radixflow.bench import agent
+from sglang_radixflow.bench import agent, agent_cli, agent_report
 from sglang_radixflow.bench.agent_workload import (
     RETURN_ORDERS, AgentParams, dispatch_times, live_counts, make_agent_workload,
 )
@@ -31,7 +31,7 @@ CONTRACT_KEYS = {
 
 @pytest.mark.parametrize("order", RETURN_ORDERS)
 def test_workload_is_deterministic_and_keeps_n_a_turns_between_an_agents_turns(order: str) -> None:
-    p = AgentParams(**agent.QUICK, return_order=order)
+    p = AgentParams(**agent_cli.QUICK, return_order=order)
     w1, w2 = make_agent_workload(p), make_agent_workload(p)
     assert w1.schedule == w2.schedule and [a.new for a in w1.agents] == [a.new for a in w2.agents]
     assert make_agent_workload(replace(p, seed=1)).schedule != w1.schedule
@@ -116,7 +116,7 @@ def _records(policy: str) -> list[dict]:
 
 
 def test_summary_contract_targets_and_report_from_saved_records(tmp_path: Path) -> None:
-    w = make_agent_workload(AgentParams(**agent.QUICK))
+    w = make_agent_workload(AgentParams(**agent_cli.QUICK))
     (tmp_path / "workload.json").write_text(json.dumps(
         {"workload": w.describe(), "models": ["qwen3"], "policies": ["lru", "rr"]}))
     for pol in ("lru", "rr"):
@@ -154,13 +154,13 @@ def test_capacity_holds_m_final_histories_and_live_counts_follow_the_schedule() 
 
 
 def test_seeds_pool_distinct_schedules_and_steady_stats_keep_only_in_regime_turns(tmp_path: Path) -> None:
-    opts = agent.AgentBenchOptions(out=tmp_path, params=AgentParams(**agent.QUICK), seeds=3)
+    opts = agent.AgentBenchOptions(out=tmp_path, params=AgentParams(**agent_cli.QUICK), seeds=3)
     ws = opts.workloads()
     assert [w.params.seed for w in ws] == [0, 1, 2] and ws[0].schedule != ws[1].schedule
     with pytest.raises(ValueError, match="seeds=0"):
         agent.AgentBenchOptions(out=tmp_path, params=AgentParams(), seeds=0)
     recs = [{**r, "in_regime": r["agent"] != 0} for r in _records("lru")]  # agent 0's whole misses fall outside
-    arm = agent.arm_summary("qwen3", "lru", recs, [], [])
+    arm = agent_report.arm_summary("qwen3", "lru", recs, [], [])
     assert arm["steady_turns"] == 6 and arm["steady_missed_p99"] == 30.0 and arm["missed_tokens_p99"] > 250
 
 
@@ -190,16 +190,16 @@ def test_first_and_new_tokens_set_history_lengths_and_kv_tokens_deterministicall
 
 def test_cli_token_flags_reach_the_params_and_bad_values_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    agent.add_arguments(parser)
-    params = agent.params_from_args(parser.parse_args(["--out", "x", "--first-tokens", "3000", "--new-tokens", "200"]))
+    agent_cli.add_arguments(parser)
+    params = agent_cli.params_from_args(parser.parse_args(["--out", "x", "--first-tokens", "3000", "--new-tokens", "200"]))
     assert params == replace(AgentParams(), first_tokens=3000, new_tokens=200)
-    assert agent.params_from_args(parser.parse_args(["--out", "x"])) == AgentParams()
-    assert agent.params_from_args(parser.parse_args(["--out", "x", "--quick"])) == AgentParams(**agent.QUICK)
-    quick_long = agent.params_from_args(parser.parse_args(["--out", "x", "--quick", "--first-tokens", "1000"]))
-    assert quick_long == AgentParams(**{**agent.QUICK, "first_tokens": 1000})
-    orders = agent.params_from_args(parser.parse_args(["--out", "x", "--return-order", "random", "--idle-cv", "0"]))
+    assert agent_cli.params_from_args(parser.parse_args(["--out", "x"])) == AgentParams()
+    assert agent_cli.params_from_args(parser.parse_args(["--out", "x", "--quick"])) == AgentParams(**agent_cli.QUICK)
+    quick_long = agent_cli.params_from_args(parser.parse_args(["--out", "x", "--quick", "--first-tokens", "1000"]))
+    assert quick_long == AgentParams(**{**agent_cli.QUICK, "first_tokens": 1000})
+    orders = agent_cli.params_from_args(parser.parse_args(["--out", "x", "--return-order", "random", "--idle-cv", "0"]))
     assert orders == replace(AgentParams(), return_order="random", idle_cv=0.0)
-    paced = agent.params_from_args(parser.parse_args(["--out", "x", "--mean-gap-ms", "250"]))
+    paced = agent_cli.params_from_args(parser.parse_args(["--out", "x", "--mean-gap-ms", "250"]))
     assert paced == replace(AgentParams(), mean_gap_ms=250.0)
     for flag in ("--idle-cv", "--mean-gap-ms"):
         with pytest.raises(SystemExit):
@@ -211,8 +211,8 @@ def test_cli_token_flags_reach_the_params_and_bad_values_name_the_flag(capsys: p
         with pytest.raises(SystemExit):
             parser.parse_args(["--out", "x", flag, value])
         assert f"argument {flag}: needs an integer >= 1" in capsys.readouterr().err
-    assert agent.prompt_too_long(replace(AgentParams(), first_tokens=3000, new_tokens=200)) is None
-    assert "lower --first-tokens" in (agent.prompt_too_long(replace(AgentParams(), first_tokens=16000)) or "")
+    assert agent_cli.prompt_too_long(replace(AgentParams(), first_tokens=3000, new_tokens=200)) is None
+    assert "lower --first-tokens" in (agent_cli.prompt_too_long(replace(AgentParams(), first_tokens=16000)) or "")
 
 
 def test_overlap_schedule_option_reaches_every_policys_server(tmp_path: Path, monkeypatch) -> None:
@@ -225,11 +225,11 @@ def test_overlap_schedule_option_reaches_every_policys_server(tmp_path: Path, mo
     model.mkdir()
     (model / MARKER_FILE).write_text(json.dumps({"arch": "qwen3"}))
     parser = argparse.ArgumentParser()
-    agent.add_arguments(parser)
+    agent_cli.add_arguments(parser)
 
     def flags(argv: list[str], cpu: bool) -> dict[str, bool]:
         monkeypatch.setattr(server, "on_cpu", lambda: cpu)
-        opts = agent.options_from_args(parser.parse_args(["--out", str(tmp_path), "--models", "qwen3", *argv]))
+        opts = agent_cli.options_from_args(parser.parse_args(["--out", str(tmp_path), "--models", "qwen3", *argv]))
         return {pol: "--disable-overlap-schedule" in agent.arm_server(
             model, "qwen3", pol, opts.params, opts, {}, tmp_path / "log").command() for pol in ("lru", "rr")}
 
@@ -239,7 +239,7 @@ def test_overlap_schedule_option_reaches_every_policys_server(tmp_path: Path, mo
     assert flags(["--overlap-schedule", "off"], cpu=False) == {"lru": True, "rr": True}
     with pytest.raises(ValueError, match="allowed: auto, on, off"):
         agent.AgentBenchOptions(out=tmp_path, params=AgentParams(), overlap_schedule="sometimes")
-    w = make_agent_workload(AgentParams(**agent.QUICK))
+    w = make_agent_workload(AgentParams(**agent_cli.QUICK))
     (tmp_path / "workload.json").write_text(json.dumps(
         {"workload": {**w.describe(), "overlap_schedule": "off"}, "models": ["qwen3"], "policies": ["lru"]}))
     for pol in ("lru",):
@@ -252,7 +252,7 @@ def test_overlap_schedule_option_reaches_every_policys_server(tmp_path: Path, mo
 
 
 def test_open_loop_dispatch_instants_are_seeded_poisson_and_the_schedule_is_unchanged() -> None:
-    closed = AgentParams(**agent.QUICK)
+    closed = AgentParams(**agent_cli.QUICK)
     paced = replace(closed, mean_gap_ms=200.0)
     assert dispatch_times(closed, 60) == []
     t1, t2 = dispatch_times(paced, 2000), dispatch_times(paced, 2000)
@@ -313,7 +313,7 @@ def _check_turn_order(w: Any, records: list[dict[str, Any]]) -> dict[tuple[int, 
 
 
 def test_closed_loop_keeps_n_a_turns_in_flight_and_open_loop_sends_at_the_instants(fake_server: str) -> None:
-    closed = AgentParams(**{**agent.QUICK, "turns": 3})
+    closed = AgentParams(**{**agent_cli.QUICK, "turns": 3})
     w = make_agent_workload(closed)
     _check_turn_order(w, agent.drive(fake_server, w, 10.0, lambda msg: None))
     assert _FakeGenerate.peak == closed.active  # back to back: always n_a in flight
@@ -352,7 +352,7 @@ def test_alone_turns_are_those_with_nothing_else_in_flight() -> None:
         rec(4, 1, 3.2, 0.1, 0.2),  # sent while the previous one runs: not alone
         rec(5, 1, 3.2, 0.7, 0.9, seed=1),  # same instant, another schedule (run at another time): alone
     ]
-    arm = agent.arm_summary("qwen3", "rr", recs, [], [])
+    arm = agent_report.arm_summary("qwen3", "rr", recs, [], [])
     assert arm["alone_turns"] == 2 and arm["alone_missed_p99"] == pytest.approx(50.0, abs=0.5)
     assert arm["alone_ttft_mean_s"] == pytest.approx(0.5)
 
@@ -371,14 +371,14 @@ def test_unmissed_turns_are_returns_that_recomputed_at_most_one_turns_output() -
         rec(4, 1, 9, 0.500),  # one token more than a turn's output: eviction cost it something
         rec(5, 1, 200, 0.900),
     ]
-    arm = agent.arm_summary("nemotron_h", "rr", recs, [], [])
+    arm = agent_report.arm_summary("nemotron_h", "rr", recs, [], [])
     assert arm["unmissed_turns"] == 3
     assert 0.049 < arm["unmissed_ttft_p99_s"] <= 0.050  # the slowest kept return, not the 0.5 s one
     assert arm["ttft_p99_s"] > 0.8  # every return counts there
 
 
 def test_report_sets_rrs_unmissed_p99_against_lrus_p99(tmp_path: Path) -> None:
-    w = make_agent_workload(AgentParams(**agent.QUICK))
+    w = make_agent_workload(AgentParams(**agent_cli.QUICK))
     (tmp_path / "workload.json").write_text(json.dumps(
         {"workload": w.describe(), "models": ["qwen3"], "policies": ["lru", "rr"]}))
     for pol in ("lru", "rr"):

@@ -96,12 +96,12 @@ def test_bad_bench_options_stop_with_one_line_before_any_work(argv: str, message
 
 
 def test_hybrid_strategy_reaches_both_benches_and_is_checked_per_model() -> None:
-    from sglang_radixflow.bench import agent
+    from sglang_radixflow.bench import agent_cli
     from sglang_radixflow.bench.server import check_hybrid_strategy
 
     assert _opts("--out x --models nemotron_h,qwen3 --hybrid-strategy extra_buffer").mamba_strategy == "extra_buffer"
     args = build_parser().parse_args(["bench", "agent", "--out", "x", "--quick", "--hybrid-strategy", "extra_buffer"])
-    assert agent.options_from_args(args).mamba_strategy == "extra_buffer"
+    assert agent_cli.options_from_args(args).mamba_strategy == "extra_buffer"
     assert _opts("--out x").mamba_strategy == "no_buffer"
     check_hybrid_strategy("extra_buffer")
     with pytest.raises(ValueError, match="allowed: no_buffer, extra_buffer"):
@@ -112,7 +112,7 @@ def test_agent_arm_server_runs_the_hybrid_strategy_asked_for(tmp_path) -> None:
     """The agent bench's option reaches the server it starts (its command line), on the hybrid only."""
     import json
 
-    from sglang_radixflow.bench import agent
+    from sglang_radixflow.bench import agent, agent_cli
     from sglang_radixflow.bench.agent_workload import AgentParams
     from sglang_radixflow.models import MARKER_FILE
 
@@ -121,7 +121,7 @@ def test_agent_arm_server_runs_the_hybrid_strategy_asked_for(tmp_path) -> None:
         models[arch] = tmp_path / arch
         models[arch].mkdir()
         (models[arch] / MARKER_FILE).write_text(json.dumps({"arch": arch}))
-    params = AgentParams(**agent.QUICK)
+    params = AgentParams(**agent_cli.QUICK)
     # overlap as SGLang has it: only the hybrid strategy's own flags are checked here (auto: see test_agent_bench)
     opts = agent.AgentBenchOptions(out=tmp_path, params=params, mamba_strategy="extra_buffer", overlap_schedule="on")
 
@@ -287,3 +287,22 @@ def test_a_model_directory_of_ones_own_is_read_from_its_config(tmp_path) -> None
         is_hybrid_model(tmp_path)
     opts = _opts(f"--out x --model-path {qwen35} --quick")
     assert opts.models == ("Qwen3.5-27B",) and opts.model_path == qwen35
+
+
+def test_your_own_model_on_a_gpu_keeps_sglangs_pool_sizing(tmp_path, monkeypatch) -> None:
+    """The tiny models' 32768-token pool is a CPU setting: with --model-path on a GPU the servers get no
+    --max-total-tokens unless --kv-tokens asks for one."""
+    import json
+
+    from sglang_radixflow.bench import multi_candidate_cli
+
+    model = tmp_path / "Big"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 128256}))
+    monkeypatch.setattr(multi_candidate_cli, "on_cpu", lambda: False)
+    assert _opts(f"--out x --model-path {model} --quick").kv_tokens is None
+    assert "--max-total-tokens" not in budget_args(16, 8192, None)
+    assert _opts(f"--out x --model-path {model} --quick --kv-tokens 65536").kv_tokens == 65536
+    assert _opts("--out x --quick").kv_tokens == 32768  # the tiny models: always the fixed pool
+    monkeypatch.setattr(multi_candidate_cli, "on_cpu", lambda: True)
+    assert _opts(f"--out x --model-path {model} --quick").kv_tokens == 32768

@@ -1,0 +1,242 @@
+"""Summary, report and figure of `radixflow bench agent` (bench/agent.py), rebuilt from its saved per-turn records:
+TTFT and missed tokens over return turns, rr / lru against the targets, what the regime and timing were."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from sglang_radixflow.bench.report import mean, overlap_note, percentile, read_jsonl, request_records, trace_metrics
+
+TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
+HYBRID_CHUNK = 128  # bench/agent.py's default --hybrid-chunk (older runs' workload.json lack the key)
+
+
+def arm_summary(arch: str, policy: str, records: Sequence[dict[str, Any]], rounds: Sequence[dict[str, Any]],
+                trace_requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in records if not r.get("error")]
+    ret = [r for r in ok if r["turn"] > 0]
+    ttft = [r["ttft_s"] for r in ret]
+    missed = [float(r["missed_tokens"]) for r in ret]
+    lat = [r["latency_s"] for r in ok]
+    tm = trace_metrics(rounds, trace_requests) if rounds else {}
+    rounds_n = tm.get("rounds")
+    return {
+        "model": arch, "policy": policy, "requests": len(records), "completed": len(ok),
+        "errors": len(records) - len(ok),
+        "rounds": rounds_n, "prefill_rounds": tm.get("prefill_rounds"),
+        "rows_per_round": None, "tokens_per_round": None,
+        "latency_mean_s": mean(lat), "latency_p50_s": percentile(lat, 50), "latency_p95_s": percentile(lat, 95),
+        "latency_p99_s": percentile(lat, 99), "first_selection_wait_mean_s": tm.get("first_selection_wait_mean_s"),
+        "reuse_ratio": (sum(r["cached_tokens"] for r in ok) / sum(r["prompt_len"] for r in ok)) if ok else None,
+        "token_hit_tokens": tm.get("token_hit_tokens"), "state_ready_hit_tokens": tm.get("state_ready_hit_tokens"),
+        "blocked_skips": tm.get("blocked_skips"), "avoidable_bubbles": tm.get("avoidable_bubbles"),
+        "host_time_s": tm.get("host_time_s"), "host_cost_per_round_s": tm.get("host_cost_per_round_s"),
+        "round_lower_bound": None, "first_token_agreement": None,
+        "ttft_mean_s": mean(ttft), "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "missed_tokens_mean": mean(missed), "missed_tokens_p50": percentile(missed, 50),
+        "missed_tokens_p99": percentile(missed, 99),
+        "missed_fraction_mean": mean([r["missed_tokens"] / r["reusable"] for r in ret if r["reusable"]]),
+        "return_turns": len(ret),
+        **_steady(ret),
+        **_alone(ok, ret),
+        **_unmissed(ret),
+    }
+
+
+def _alone(ok: Sequence[dict[str, Any]], ret: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """TTFT of the return turns that ran alone: no other turn (of the same schedule) in flight when it was sent, and
+    none sent before its first token. Their TTFT is the eviction policy's effect without queueing: on CPU a prefill
+    costs in proportion to every token in its round, so concurrent turns add their work to each other's TTFT."""
+    by_seed: dict[Any, list[dict[str, Any]]] = {}
+    for r in ok:
+        by_seed.setdefault(r.get("seed"), []).append(r)
+
+    def overlaps(r: dict[str, Any], o: dict[str, Any]) -> bool:
+        return (o["sent_s"] <= r["sent_s"] < o["sent_s"] + o["latency_s"]
+                or r["sent_s"] <= o["sent_s"] < r["sent_s"] + r["ttft_s"])
+
+    alone = [r for r in ret if not any(o is not r and overlaps(r, o) for o in by_seed[r.get("seed")])]
+    ttft = [r["ttft_s"] for r in alone]
+    return {"alone_turns": len(alone), "alone_ttft_mean_s": mean(ttft), "alone_ttft_p99_s": percentile(ttft, 99),
+            "alone_missed_p99": percentile([float(r["missed_tokens"]) for r in alone], 99)}
+
+
+def _unmissed(ret: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """TTFT of the return turns that eviction cost (almost) nothing: they recomputed at most one turn's output of
+    their own history (a hybrid path cut back to its last prompt state). What every return would show if the policy's
+    misses were free, queueing by other turns included: rr / lru TTFT P99 cannot fall much below this over lru's."""
+    kept = [r for r in ret if r["missed_tokens"] <= r["output_len"]]
+    return {"unmissed_turns": len(kept), "unmissed_ttft_p99_s": percentile([r["ttft_s"] for r in kept], 99)}
+
+
+def _steady(ret: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The same statistics over return turns dispatched while more than m agents still had turns left: the regime
+    n_a < m < n the analysis assumes. Near the end, finished agents' histories are dead weight that lru evicts first
+    for free while rr cuts them and live agents alike; those turns are outside the regime."""
+    st = [r for r in ret if r.get("in_regime")]
+    ttft = [r["ttft_s"] for r in st]
+    missed = [float(r["missed_tokens"]) for r in st]
+    return {"steady_turns": len(st), "steady_ttft_mean_s": mean(ttft), "steady_ttft_p99_s": percentile(ttft, 99),
+            "steady_missed_mean": mean(missed), "steady_missed_p99": percentile(missed, 99)}
+
+
+def build_summary(out: Path) -> dict[str, Any]:
+    workload = json.loads((out / "workload.json").read_text())
+    arms: dict[str, Any] = {}
+    for arch in workload["models"]:
+        for policy in workload["policies"]:
+            d = out / arch / policy
+            if not (d / "requests.jsonl").is_file():
+                continue
+            meta = json.loads((d / "meta.json").read_text())
+            trace = read_jsonl(d / "trace.jsonl") if (d / "trace.jsonl").is_file() else []
+            first = int(meta.get("first_round", -1))
+            rounds = [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
+            reqs = [r for r in request_records(trace) if not str(r.get("rid", "")).startswith("warmup")]
+            cap = float(workload["workload"]["capacity"])
+            recs = [{**r, "in_regime": r.get("live", 0) > cap} for r in read_jsonl(d / "requests.jsonl")]
+            arm = arm_summary(arch, policy, recs, rounds, reqs)
+            arm["wall_s"] = meta.get("wall_s")
+            arm["idle_leak_reported"] = meta.get("idle_leak_reported")
+            arms[f"{arch}/{policy}"] = arm
+    return {"kind": "agent", "workload": workload["workload"],
+            "budgets": {"S": workload["workload"]["active"], "T": 4096, "calibrated_on": "fixed"},
+            "arms": arms, "cost_identity": {}, "targets": targets(arms)}
+
+
+def targets(arms: dict[str, Any]) -> dict[str, Any]:
+    """rr / lru ratios against the issue's targets, per model."""
+    result: dict[str, Any] = {}
+    for key, arm in arms.items():
+        arch, policy = key.split("/")
+        base = arms.get(f"{arch}/lru")
+        if policy != "rr" or base is None:
+            continue
+        rows = {}
+        for name, field in (("missed_p99", "missed_tokens_p99"), ("ttft_p99", "ttft_p99_s"), ("ttft_mean", "ttft_mean_s")):
+            num, den = arm.get(field), base.get(field)
+            ratio = None if num is None or not den else num / den
+            rows[name] = {"rr": num, "lru": den, "ratio": ratio, "target": TARGETS[name],
+                          "met": ratio is not None and ratio <= TARGETS[name]}
+        result[arch] = rows
+    return result
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _return_order_text(w: dict[str, Any]) -> str:
+    order = w.get("return_order", "random")  # runs before the idle-time order had the random one
+    if order == "idle-time":
+        return f"return order idle-time (idle time CV {w['idle_cv']:g}: the longest-idle agent is usually next back)"
+    return "return order random (memoryless returns)"
+
+
+def _timing_text(w: dict[str, Any]) -> str:
+    gap = float(w.get("mean_gap_ms", 0.0))  # runs before open-loop dispatch were closed loop
+    if gap == 0:
+        return f"closed loop ({w['active']} clients back to back: returns share prefill rounds)"
+    return f"open loop (Poisson dispatch, mean gap {gap:g} ms)"
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    w = summary["workload"]
+    lines = [
+        "# Agent benchmark: RR-Evict vs lru / tlru", "",
+        f"n = {w['agents']} agents, n_a = {w['active']} active, m = {w['capacity']} trajectories of cache "
+        f"({w['kv_tokens']} KV tokens), s = {w['idle_fraction_s']:.2f}, {w['turns']} turns per agent, "
+        f"system prompt {w['system_tokens']}, first message {w['first_tokens']}, +{w['new_tokens']} tokens/turn, "
+        f"{w['gen_tokens']} generated/turn, seeds {w.get('seeds', [w['seed']])} (pooled), "
+        f"{_return_order_text(w)}, {_timing_text(w)}. "
+        f"Hybrids: `--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, prefills chunked at "
+        f"{w.get('hybrid_chunk', HYBRID_CHUNK)} tokens. SGLang's overlap scheduler "
+        f"{overlap_note(w.get('overlap_schedule', 'on'))}. "
+        f"Ideal RR: every idle trajectory keeps "
+        f"h = (m - n_a)/(n s) = {w['ideal_retained_h']:.3f}, so a return recomputes q = {w['ideal_missed_fraction_q']:.3f} "
+        f"of its history. Ideal reuse ratio {w['ideal_reuse_ratio']:.3f}.",
+        "Statistics over return turns (turn >= 1). Missed tokens: tokens of the agent's own earlier turns recomputed. "
+        "In-regime (summary.json steady_*): return turns dispatched while more than m agents still had turns left. "
+        "Alone (summary.json alone_*): return turns with no other turn in flight from their send to their first token "
+        "(the policy's effect on TTFT without queueing; on CPU concurrent prefills add their work to each other's TTFT).",
+        "",
+    ]
+    models = sorted({a["model"] for a in summary["arms"].values()})
+    for arch in models:
+        lines += [f"## {arch}", "",
+                  "| policy | TTFT mean (s) | TTFT P50 | TTFT P99 | missed mean | missed P50 | missed P99 | "
+                  "missed share | reuse ratio | in-regime missed mean / P99 | alone: turns, TTFT P99 | errors | leak |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for key, a in summary["arms"].items():
+            if a["model"] != arch:
+                continue
+            lines.append(
+                f"| {a['policy']} | {_f(a['ttft_mean_s'])} | {_f(a['ttft_p50_s'])} | {_f(a['ttft_p99_s'])} | "
+                f"{_f(a['missed_tokens_mean'], '{:.1f}')} | {_f(a['missed_tokens_p50'], '{:.1f}')} | "
+                f"{_f(a['missed_tokens_p99'], '{:.1f}')} | {_f(a['missed_fraction_mean'])} | {_f(a['reuse_ratio'])} | "
+                f"{_f(a.get('steady_missed_mean'), '{:.1f}')} / {_f(a.get('steady_missed_p99'), '{:.1f}')} | "
+                f"{a.get('alone_turns', 'n/a')}, {_f(a.get('alone_ttft_p99_s'))} | {a['errors']} | "
+                f"{'yes' if a.get('idle_leak_reported') else 'no'} |")
+        t = summary["targets"].get(arch)
+        if t:
+            lines += ["", "| rr / lru | rr | lru | ratio | target | met |", "|---|---|---|---|---|---|"]
+            for name, row in t.items():
+                lines.append(f"| {name} | {_f(row['rr'])} | {_f(row['lru'])} | {_f(row['ratio'])} | "
+                             f"<= {row['target']} | {'yes' if row['met'] else 'NO'} |")
+            rr, lru = (summary["arms"].get(f"{arch}/{pol}", {}).get("alone_ttft_p99_s") for pol in ("rr", "lru"))
+            if rr is not None and lru:
+                lines += ["", f"Turns that ran alone (not a target): TTFT P99 rr / lru = {rr:.3f} / {lru:.3f} = "
+                              f"{rr / lru:.2f}x."]
+            floor = summary["arms"].get(f"{arch}/rr", {}).get("unmissed_ttft_p99_s")
+            lru_p99 = summary["arms"].get(f"{arch}/lru", {}).get("ttft_p99_s")
+            if floor is not None and lru_p99:
+                turns = summary["arms"][f"{arch}/rr"]["unmissed_turns"]
+                lines += ["", f"rr's returns that recomputed at most one turn's output ({turns}): TTFT P99 {floor:.3f}, "
+                              f"{floor / lru_p99:.2f}x of lru's TTFT P99 (what the ratio would read if rr's misses "
+                              "cost nothing)."]
+        lines.append("")
+    lines += ["![TTFT and missed tokens](agent_distributions.png)", ""]
+    return "\n".join(lines)
+
+
+def write_figure(out: Path, summary: dict[str, Any]) -> Optional[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    models = sorted({a["model"] for a in summary["arms"].values()})
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False)
+    for i, arch in enumerate(models):
+        for key, a in summary["arms"].items():
+            if a["model"] != arch:
+                continue
+            recs = [r for r in read_jsonl(out / arch / a["policy"] / "requests.jsonl") if not r.get("error") and r["turn"] > 0]
+            for j, field in enumerate(("ttft_s", "missed_tokens")):
+                xs = sorted(float(r[field]) for r in recs)
+                if xs:
+                    axes[i][j].plot(xs, [(k + 1) / len(xs) for k in range(len(xs))], label=a["policy"])
+        axes[i][0].set_title(f"{arch}: TTFT (return turns)")
+        axes[i][0].set_xlabel("seconds")
+        axes[i][1].set_title(f"{arch}: missed tokens (own history recomputed)")
+        axes[i][1].set_xlabel("tokens")
+        for ax in axes[i]:
+            ax.set_ylabel("CDF")
+            ax.axhline(0.99, color="grey", lw=0.5, ls=":")
+            ax.legend()
+    fig.tight_layout()
+    path = out / "agent_distributions.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path) -> dict[str, Any]:
+    summary = build_summary(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_figure(out, summary)
+    (out / "report.md").write_text(format_report(summary))
+    return summary
