@@ -91,16 +91,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mean-gap-ms", type=_non_negative_float, default=None,
                    help="0: closed loop (n_a clients back to back, the default); > 0: open loop, turns sent at Poisson "
                         "instants with this mean gap (real tool / think time; see bench/agent_workload.py)")
-    p.add_argument("--seed", type=int, default=0, help="first schedule seed")
-    p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled")
+    p.add_argument("--seed", type=int, default=0, help="first schedule seed (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled (default: %(default)s)")
     p.add_argument("--rr-block", type=int, default=16,
                    help="RR-Evict tail block on full-attention paths, passed as --radix-eviction-policy-config "
                         "'{\"block\": N}' (default: %(default)s)")
     p.add_argument("--hybrid-chunk", type=int, default=HYBRID_CHUNK,
                    help="--chunked-prefill-size on hybrid models, for every policy "
-                        "(a no_buffer hybrid keeps a state per chunk)")
+                        "(a no_buffer hybrid keeps a state per chunk; default: %(default)s)")
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
-                   help=HYBRID_STRATEGY_HELP)
+                   help=HYBRID_STRATEGY_HELP + " (default: %(default)s)")
     add_overlap_argument(p)
 
 

@@ -95,16 +95,18 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--questions", type=int, default=0,
                         help="questions (x4 requests); default 16 quick, 64 full, all of a --workload file")
     parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrival rate, questions/s (default 4)")
-    parser.add_argument("--stream", choices=STREAMS, default="mixed")
-    parser.add_argument("--order", choices=ORDERS, default="forward")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream", choices=STREAMS, default="mixed",
+                        help="how documents are shared across questions (default: %(default)s)")
+    parser.add_argument("--order", choices=ORDERS, default="forward",
+                        help="the question sequence as drawn, or reversed (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="workload and arrivals seed (default: %(default)s)")
     parser.add_argument("--doc-scale", type=float, default=1.0,
                         help="keep this leading fraction of every document, in (0, 1] (default 1); below 1 a CPU "
                              "round's cost is less dominated by its tokens, as on a GPU")
     parser.add_argument("--budgets", default="", help="S,T: fix the budgets instead of calibrating")
-    parser.add_argument("--calibration-questions", type=int, default=8, help="held-out questions per grid point")
+    parser.add_argument("--calibration-questions", type=int, default=8, help="held-out questions per grid point (default: %(default)s)")
     parser.add_argument("--calibration-grid", default=",".join(f"{s}x{t}" for s, t in CALIBRATION_GRID),
-                        help="S x T points tried on the sglang arm when --budgets is not given")
+                        help="S x T points tried on the sglang arm when --budgets is not given (default: %(default)s)")
     parser.add_argument("--kv-tokens", type=int, default=None,
                         help=f"--max-total-tokens of every server (default: {DEFAULT_KV_TOKENS}; with --model-path on "
                              "a GPU: SGLang's own sizing from memory)")
@@ -112,9 +114,9 @@ def add_arguments(parser: Any) -> None:
                         help="raw: /generate per branch; select / fork: one sgl.function program per question "
                              "(sgl.select over the candidates, or fork + gen), via sgl.RuntimeEndpoint; score: one "
                              "call of SGLang's /v1/score per question (query = document + question, items = the "
-                             "candidates)")
+                             "candidates); default: %(default)s")
     parser.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
-                        help=HYBRID_STRATEGY_HELP)
+                        help=HYBRID_STRATEGY_HELP + " (default: %(default)s)")
     add_overlap_argument(parser)
     parser.add_argument("--server-args", default="",
                         help="extra SGLang server flags for every arm's server, shell-quoted, e.g. "

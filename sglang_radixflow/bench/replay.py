@@ -352,13 +352,13 @@ def fewest_cell(optimum: Optional[dict[str, Any]]) -> str:
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--instances", default=",".join(DEFAULT_INSTANCES),
-                        help="comma list of figure1, " + ", ".join(f"mc-{s}" for s in STREAMS))
-    parser.add_argument("--arms", default=",".join(REPLAY_ARMS), help="comma list of arms")
+                        help="comma list of figure1, " + ", ".join(f"mc-{s}" for s in STREAMS) + " (default: %(default)s)")
+    parser.add_argument("--arms", default=",".join(REPLAY_ARMS), help="comma list of arms (default: %(default)s)")
     parser.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS,
                         help=f"questions per generated instance (x4 requests); default {DEFAULT_QUESTIONS}, the live "
                              "bench's burst")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budgets", default="8,2048", help="S,T of the generated instances (figure1: 4,4096)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    parser.add_argument("--budgets", default="8,2048", help="S,T of the generated instances (default: %(default)s; figure1: 4,4096)")
     parser.add_argument("--slot-wait", action="store_true",
                         help="RADIXFLOW_PRODUCER_SLOT_WAIT=1 for the radixflow-cache arms")
     parser.add_argument("--producer-rows", type=int, default=None, metavar="R",
