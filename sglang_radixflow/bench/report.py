@@ -403,8 +403,11 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
     lines = [
         "# Multi-candidate scoring bench",
         "",
-        f"Workload: {w.get('questions')} questions x {w.get('candidates', 4)} candidates = {w.get('requests')} requests, "
-        f"stream `{w.get('stream')}`, order `{w.get('order')}`, Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "
+        f"Workload: {w.get('questions')} questions "
+        + (f"x {w.get('candidates', 4)} candidates" if w.get("candidates") != "varies" else "(candidates vary)")
+        + f" = {w.get('requests')} requests, "
+        + (f"from `{w['source']}`" if w.get("source") else f"stream `{w.get('stream')}`, order `{w.get('order')}`")
+        + f", Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "
         f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens"
         f"{_doc_scale_note(w.get('doc_scale'))}), "
         f"{w.get('prompt_tokens')} prompt tokens, ideal reuse ratio {_pct(ideal)}.",

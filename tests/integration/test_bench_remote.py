@@ -64,4 +64,5 @@ def test_bench_measures_servers_started_by_hand(own_model: Path, tmp_path: Path)
     assert sum(int(m.group("new")) for m in PREFILL_LINE.finditer(log)) == end["radixflow_prefill_tokens_total"]
     report = (out / "report.md").read_text()
     assert "Servers: already running, not started by the bench" in report
+    assert f"5 questions (candidates vary) = 18 requests, from `{EXAMPLE}`, Poisson" in report
     assert re.search(r"Not measured for `sglang` \(http://127\.0\.0\.1:\d+\): SGLang's own metrics", report)
