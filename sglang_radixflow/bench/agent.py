@@ -34,7 +34,7 @@ from sglang_radixflow.bench.server import (
 from sglang_radixflow.bench.workload_file import read_agent_file, tokenizer_encode
 from sglang_radixflow.models import ARCHS, ensure_model, is_hybrid_model
 
-POLICIES: tuple[str, ...] = ("lru", "tlru", "rr")
+POLICIES: tuple[str, ...] = ("lru", "lfu", "slru", "tlru", "rr")  # every SGLang 0.5.23 recency/frequency policy
 DEFAULT_MODELS: tuple[str, ...] = ("nemotron_h", "qwen3")
 # T-LRU needs its two knobs (SGLang refuses threshold <= next_prompt_estimate): a turn's new tokens are the estimate,
 # and a few turns' worth the threshold.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from sglang_radixflow.bench.client import Completions
-from sglang_radixflow.bench.workloads import CANDIDATES, Workload, shared_prefixes
+from sglang_radixflow.bench.workloads import Workload, shared_prefixes
 
 FRONTEND_PATHS: tuple[str, ...] = ("select", "fork")
 _WORD = re.compile(r"Ġ[a-z]+")  # byte-level BPE: "Ġ" is the leading space
@@ -162,7 +162,7 @@ class QuestionRecord:
         latency is the question's program latency; output_ids = [index of the selected candidate] (select)."""
         decided = [q.candidates.index(self.decision)] if self.decision in q.candidates else []
         out = []
-        for b in range(CANDIDATES):
+        for b in range(len(q.candidates)):
             ok = self.error is None and b < len(self.choice_prompt_tokens)
             out.append({
                 "rid": f"q{self.qid:05d}-b{b}", "qid": self.qid, "branch": b,

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from sglang_radixflow.bench.runner import (
     CALIBRATION_GRID, DEFAULT_ARMS, DEFAULT_KV_TOKENS, DEFAULT_MODELS, OWNED_SERVER_FLAGS, PATHS, QUICK_BUDGETS, BenchOptions, run_bench,
 )
+from sglang_radixflow.bench.goodput import parse_rates, parse_slo, run_sweep
 from sglang_radixflow.bench.model_args import add_model_arguments, models_from_args
 from sglang_radixflow.bench.server import on_cpu
 from sglang_radixflow.bench.server import (
@@ -25,7 +26,7 @@ def options_from_args(args: Any) -> BenchOptions:
     questions = args.questions or (10 ** 9 if workload_file else 16 if quick else 64)
     params = WorkloadParams(
         questions=questions, stream=args.stream, order=args.order, rate=args.rate, seed=args.seed,
-        doc_scale=args.doc_scale,
+        doc_scale=args.doc_scale, candidates=args.candidates, anchor=args.anchor,
     )
     budgets: Optional[tuple[int, int]] = None
     if args.budgets:
@@ -92,6 +93,18 @@ def add_arguments(parser: Any) -> None:
                         help="your own questions instead of the generated ones: a JSONL file, one "
                              '{"context": ..., "candidates": [...]} per line, text or token ids '
                              "(examples/multi_candidate_workload.jsonl)")
+    parser.add_argument("--sweep-rates", default=None,
+                        help="goodput: run the bench at each of these rates (questions/s, comma list; budgets fixed: "
+                             "--budgets or --quick) and report each arm's highest rate within --slo-p95 "
+                             "(OUT/goodput.md, goodput.json, goodput.png; each rate in OUT/rate-<R>/)")
+    parser.add_argument("--slo-p95", default="auto",
+                        help="the goodput SLO on P95 request latency: seconds, or auto = 2x the sglang arm's P95 at "
+                             "the lowest rate (default: %(default)s)")
+    parser.add_argument("--candidates", type=int, default=4,
+                        help="candidate requests per question (default: %(default)s)")
+    parser.add_argument("--anchor", action="store_true",
+                        help="each question's group also holds the document + question alone, first (groups of 1 "
+                             "anchor + 9 candidates: --candidates 9 --anchor)")
     parser.add_argument("--questions", type=int, default=0,
                         help="questions (x4 requests); default 16 quick, 64 full, all of a --workload file")
     parser.add_argument("--rate", type=float, default=4.0, help="Poisson arrival rate, questions/s (default 4)")
@@ -132,6 +145,10 @@ def main(args: Any) -> int:
         raise SystemExit(f"radixflow bench multi-candidate: {err}") from None
     before = set(live_servers())
     try:
+        if args.sweep_rates:
+            result = run_sweep(opts, parse_rates(args.sweep_rates), parse_slo(args.slo_p95), run_bench)
+            print((opts.out / "goodput.md").read_text())
+            return 0 if all(r["errors"] == 0 for a in result["arms"].values() for r in a["rates"]) else 1
         summary = run_bench(opts)
     except (ValueError, ConnectionError) as err:  # a bad workload file, a server that does not answer
         raise SystemExit(f"radixflow bench multi-candidate: {err}") from None

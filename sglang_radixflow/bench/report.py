@@ -405,6 +405,7 @@ def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, An
         "",
         f"Workload: {w.get('questions')} questions "
         + (f"x {w.get('candidates', 4)} candidates" if w.get("candidates") != "varies" else "(candidates vary)")
+        + (" + the anchor (document + question alone)" if w.get("anchor") else "")
         + f" = {w.get('requests')} requests, "
         + (f"from `{w['source']}`" if w.get("source") else f"stream `{w.get('stream')}`, order `{w.get('order')}`")
         + f", Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "

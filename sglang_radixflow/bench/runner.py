@@ -87,6 +87,8 @@ class BenchOptions:
                              f"({', '.join(self.arms)}): one URL per arm, in --arms order")
         if self.urls and self.budgets is not None:
             raise ValueError("--budgets with --url: the servers' own budgets are used (read from /server_info)")
+        if self.workload.anchor and self.path != "raw":
+            raise ValueError(f"--anchor with --path {self.path}: the anchor request exists on the raw path only")
         if self.urls and self.path in FRONTEND_PATHS and self.model_path is None:
             raise ValueError(f"--path {self.path} with --url needs the served model's tokenizer: add --model-path DIR")
         if self.workload_file is not None and self.budgets is None and not self.urls:

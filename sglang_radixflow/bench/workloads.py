@@ -1,7 +1,9 @@
 """Multi-candidate scoring workload (the paper's QuALITY + RACE-M setting), generated locally and deterministically.
 
-A question is a document + question tokens + 4 candidate answers, sent as 4 branch requests
-(document + question + candidate i, max_new_tokens=1), all at the question's arrival instant.
+A question is a document + question tokens + `candidates` candidate answers (4 by default), sent as that many branch
+requests (document + question + candidate i, max_new_tokens=1), all at the question's arrival instant. With `anchor`
+the group also holds the document + question alone, first (the anchor request the candidates extend: vLLM's
+hybrid prefix-caching proposal measures groups of 1 anchor + 9 candidates).
 
 Document lengths follow the two datasets, scaled so a 2-core CPU run takes minutes:
 - `quality` (QuALITY articles, long): ~N(4800, 1200) tokens clipped to [2400, 6000], times 0.25 -> 600..1500 tokens;
@@ -80,6 +82,8 @@ class WorkloadParams:
     candidate_len: tuple[int, int] = (3, 24)
     datasets: tuple[DatasetSpec, ...] = DATASETS
     doc_scale: float = 1.0  # the leading fraction of every document kept
+    candidates: int = CANDIDATES  # branch requests per question
+    anchor: bool = False  # the document + question alone as the group's first request
     source: Optional[str] = None  # the user's workload file (bench/workload_file.py); None: generated here
 
     def __post_init__(self) -> None:
@@ -93,6 +97,8 @@ class WorkloadParams:
             raise ValueError(f"rate={self.rate}: must be a positive finite number of questions/s")
         if not 0 < self.doc_scale <= 1:  # NaN fails too
             raise ValueError(f"doc_scale={self.doc_scale}: must be in (0, 1] (1 = the default document lengths)")
+        if self.candidates < 1:
+            raise ValueError(f"candidates={self.candidates}: need at least 1")
         for lo, hi in (self.question_len, self.candidate_len):
             assert 1 <= lo <= hi, (lo, hi)
 
@@ -100,7 +106,7 @@ class WorkloadParams:
         d = asdict(self)
         d["question_len"], d["candidate_len"] = list(self.question_len), list(self.candidate_len)
         d["rate_unit"] = "questions/s"
-        d["candidates"] = CANDIDATES
+        d["group_size"] = self.candidates + int(self.anchor)
         d["max_new_tokens"] = 1
         return d
 
@@ -113,7 +119,7 @@ class Question:
     arrival_s: float
     doc_len: int
     question_len: int
-    branches: tuple[tuple[int, ...], ...]  # CANDIDATES prompts, each doc + question + candidate
+    branches: tuple[tuple[int, ...], ...]  # the group's prompts: [doc + question,] then doc + question + candidate i
 
     def rid(self, branch: int) -> str:
         return f"q{self.qid:05d}-b{branch}"
@@ -153,9 +159,11 @@ class Workload:
         """Every parameter plus what follows from them (what summary.json calls "workload")."""
         docs = {q.doc_id for q in self.questions}
         sizes = {len(q.branches) for q in self.questions}
+        group = sizes.pop() if len(sizes) == 1 else "varies"
         return {
             **self.params.to_dict(),
-            "candidates": sizes.pop() if len(sizes) == 1 else "varies",
+            "group_size": group,
+            "candidates": self.params.candidates if self.params.source is None else group,
             "requests": sum(len(q.branches) for q in self.questions),
             "documents": len(docs),
             "prompt_tokens": self.prompt_tokens,
@@ -220,8 +228,8 @@ def _question(p: WorkloadParams, toks: _Tokens, doc: _Doc) -> tuple[int, tuple[t
     ask = toks.draw_avoiding(rng.randint(*p.question_len), doc.question_firsts)
     doc.question_firsts.add(ask[0])
     firsts: set[int] = set()
-    branches = []
-    for _ in range(CANDIDATES):
+    branches = [tuple(doc.tokens + ask)] if p.anchor else []
+    for _ in range(p.candidates):
         cand = toks.draw_avoiding(rng.randint(*p.candidate_len), firsts)
         firsts.add(cand[0])
         branches.append(tuple(doc.tokens + ask + cand))

@@ -397,3 +397,15 @@ def test_report_sets_rrs_unmissed_p99_against_lrus_p99(tmp_path: Path) -> None:
     assert lru["unmissed_turns"] == 0 and lru["unmissed_ttft_p99_s"] is None  # every lru return missed 30 or 300
     report = (tmp_path / "report.md").read_text()
     assert f"recomputed at most one turn's output (2): TTFT P99 0.050, {0.05 / lru['ttft_p99_s']:.2f}x" in report
+
+
+def test_rr_is_reported_against_the_best_other_policy_per_metric() -> None:
+    """Every SGLang policy is an arm (lru, lfu, slru, tlru); rr's bar is the best of them on each metric."""
+    assert set(agent.POLICIES) == {"lru", "lfu", "slru", "tlru", "rr"}
+    arms = {f"m/{p}": {"missed_tokens_p99": missed, "ttft_p99_s": ttft} for p, missed, ttft in (
+        ("lru", 400.0, 0.30), ("lfu", 300.0, 0.40), ("slru", 350.0, 0.20), ("tlru", 500.0, 0.25),
+        ("rr", 120.0, 0.22))}
+    best = agent_report.against_best(arms)["m"]
+    assert (best["missed_tokens_p99"]["best_other"], best["missed_tokens_p99"]["ratio"]) == ("lfu", 0.4)
+    assert best["missed_tokens_p99"]["met"] is True  # <= 0.5x
+    assert best["ttft_p99_s"]["best_other"] == "slru" and best["ttft_p99_s"]["met"] is False  # 0.22 > 0.20

@@ -169,3 +169,23 @@ def test_bad_parameters_are_refused() -> None:
             WorkloadParams(**bad)
     with pytest.raises(ValueError, match=r"doc_scale=0.0: must be in \(0, 1\]"):
         WorkloadParams(doc_scale=0.0)
+
+
+def test_groups_of_one_anchor_and_nine_candidates() -> None:
+    """--candidates 9 --anchor: the vLLM shape, the document + question alone first, then the candidates extending
+    it; the default groups (4 candidates) are the workload they always were."""
+    from sglang_radixflow.bench.workloads import WorkloadParams, make_workload
+
+    base = make_workload(WorkloadParams(questions=6, seed=3))
+    assert base == make_workload(WorkloadParams(questions=6, seed=3, candidates=4, anchor=False))
+    w = make_workload(WorkloadParams(questions=6, seed=3, candidates=9, anchor=True))
+    for q in w.questions:
+        anchor, *cands = q.branches
+        assert len(cands) == 9 and len(anchor) == q.doc_len + q.question_len
+        assert all(c[:len(anchor)] == anchor and len(c) > len(anchor) for c in cands)
+        assert len({c[len(anchor)] for c in cands}) == 9  # the candidates branch right after the anchor
+    desc = w.describe()
+    assert (desc["candidates"], desc["anchor"], desc["group_size"], desc["requests"]) == (9, True, 10, 60)
+    assert desc["ideal_reuse_ratio"] > base.describe()["ideal_reuse_ratio"]
+    with pytest.raises(ValueError, match="candidates=0: need at least 1"):
+        WorkloadParams(candidates=0)
