@@ -50,7 +50,9 @@ def server_facts(url: str) -> dict[str, Any]:
         "mamba_radix_cache_strategy": info.get("mamba_radix_cache_strategy"),
         "enable_metrics": bool(info.get("enable_metrics")),
         "S": int(S) if S else None,
-        "T": int(info["chunked_prefill_size"]) if info.get("chunked_prefill_size") else None,
+        # T: the chunk size; with chunked prefill off (-1), the prefill cap
+        "T": next((int(v) for v in (info.get("chunked_prefill_size"), info.get("max_prefill_tokens"))
+                   if isinstance(v, int) and v > 0), None),
         "sglang_version": info.get("version"),
     }
 
