@@ -44,6 +44,7 @@ def test_a_continuation_is_cut_to_the_room_left(components: Any) -> None:
     assert h.run_pass(running=decoding_batch()) == [long]
     # SGLang alone would extend min(BUDGET, PROMPT - BUDGET) = 244 tokens here and fail to allocate them.
     assert 0 < long.extend_len <= 40 - h.allocator.page_size
+    assert h.cache.rf_sched.pending_pass[1].room_cuts == 1  # the round record's chunk_room_cuts
     launched = h.launch()  # allocates: no "Out of memory"
     h.allocator.free(taken)  # the running request finished (before the pool check, which would count it leaked)
     h.finish(launched)
