@@ -8,6 +8,8 @@ instead of reused (prompt_{t-1} + output_{t-1} - 1, minus what was cached, floor
 has KV). Statistics are over return turns (t >= 1): the first turn is cold for every policy.
 Requests carry `session_id = s<seed>-agent-<i>`, which RR-Evict uses as the trajectory identity. Several seeded
 schedules run back to back on one server (cache flushed in between) and the statistics pool them.
+With --workers N each policy also runs on N servers behind SGLang's gateway (bench/fleet.py), the same total KV
+capacity split evenly between them; each turn carries its trajectory as the gateway's routing key.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from sglang_radixflow.bench.agent_chat import CHAT_SERVER_FLAGS, ChatTurns
 from sglang_radixflow.bench.agent_report import HYBRID_CHUNK, write_report
-from sglang_radixflow.bench.client import sse_json
+from sglang_radixflow.bench.client import routing_headers, sse_json
+from sglang_radixflow.bench.fleet import Fleet, start_all
+from sglang_radixflow.bench.gateway import ROUTED_WORKER_HEADER, Gateway
 from sglang_radixflow.bench.agent_workload import (
     AgentParams, AgentWorkload, dispatch_times, live_counts, make_agent_workload,
 )
@@ -72,6 +76,8 @@ class AgentBenchOptions:
     model_path: Optional[Path] = None  # the user's own model directory (`models` is then its one name)
     workload_file: Optional[Path] = None  # the user's trajectories (bench/workload_file.py) instead of generated ones
     api: str = "generate"  # how turns are sent: /generate with token ids, or the OpenAI chat API (bench/agent_chat.py)
+    fleet: Fleet = Fleet()  # several workers behind the gateway; then `reference` also runs one server per policy
+    reference: bool = True
 
     def __post_init__(self) -> None:
         bad = [p for p in self.policies if p not in POLICIES]
@@ -94,6 +100,14 @@ class AgentBenchOptions:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
         check_hybrid_strategy(self.mamba_strategy)
         check_overlap_schedule(self.overlap_schedule)
+        if self.fleet.gateway and self.api != "generate":
+            raise ValueError(f"--workers with --api {self.api}: runs through a gateway use --api generate")
+
+    def fleets(self) -> list[Fleet]:
+        """One server per policy, and/or the gateway runs."""
+        if not self.fleet.gateway:
+            return [self.fleet]
+        return ([Fleet()] if self.reference else []) + [self.fleet]
 
     @property
     def overlap_off(self) -> bool:
@@ -111,7 +125,8 @@ class AgentBenchOptions:
         return [read_agent_file(self.workload_file, p, encode) for p in params]
 
 
-def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr_block: int = 16) -> list[str]:
+def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr_block: int = 16,
+                workers: int = 1) -> list[str]:
     # A no_buffer hybrid stores a mamba state only where an extend ends (each chunk of a chunked prefill, and the
     # finish). Whole prompts in one extend would leave the first turn (system + first message, most of a history)
     # as one stateless span: a hybrid path could then only be kept whole or lost whole there. Chunking every
@@ -119,7 +134,10 @@ def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr
     # A turn's extend longer than a chunk leaves a state per chunk, too (long --new-tokens).
     per_turn = -(-(params.new_tokens + params.new_jitter + params.gen_tokens) // chunk)
     states_per_agent = params.turns * per_turn + -(-(params.system_tokens + params.first_tokens) // chunk) + 2
-    args = ["--radix-eviction-policy", policy, "--max-total-tokens", str(params.kv_tokens()),
+    # N workers share the one server's capacity m: each holds the system prompt and m / N trajectories
+    kv = params.kv_tokens() if workers == 1 else int(params.system_tokens + (params.kv_tokens() - params.system_tokens)
+                                                      / workers)
+    args = ["--radix-eviction-policy", policy, "--max-total-tokens", str(kv),
             "--max-running-requests", str(params.active), "--chunked-prefill-size", str(chunk),
             # states are not what is scarce here: every chunk / turn may keep one (KV capacity m is the constraint)
             "--max-mamba-cache-size", str(params.agents * states_per_agent + 64)]
@@ -134,19 +152,22 @@ def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr
 
 def stream_generate(url: str, input_ids: Sequence[int], max_new_tokens: int, session: str, rid: str,
                     timeout_s: float) -> tuple[float, float, dict[str, Any]]:
-    """(ttft_s, latency_s, last chunk) of one streamed /generate."""
-    payload = {"input_ids": list(input_ids), "rid": rid, "session_id": session, "stream": True,
+    """(ttft_s, latency_s, last chunk) of one streamed /generate; through a gateway the last chunk's `worker` is the
+    worker it names. The trajectory is the routing key (only the gateway's `manual` policy reads it)."""
+    payload = {"input_ids": list(input_ids), "rid": rid, "session_id": session, "stream": True, "routing_key": session,
                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
     req = urllib.request.Request(url + "/generate", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **routing_headers(session)})
     start = time.perf_counter()
     ttft: Optional[float] = None
     last: dict[str, Any] = {}
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        worker = resp.headers.get(ROUTED_WORKER_HEADER)
         for chunk in sse_json(resp):
             if ttft is None:
                 ttft = time.perf_counter() - start
             last = chunk
+    last["worker"] = worker
     latency = time.perf_counter() - start
     if ttft is None:
         raise RuntimeError("the stream carried no chunk")
@@ -182,7 +203,7 @@ class GenerateTurns:
             out = [int(x) for x in last.get("output_ids") or []]
             cached = int(meta.get("cached_tokens", 0))
             rec.update(ttft_s=ttft, latency_s=latency, cached_tokens=cached, output_len=len(out),
-                       missed_tokens=max(0, reusable - cached) if t > 0 else 0, error=None)
+                       missed_tokens=max(0, reusable - cached) if t > 0 else 0, error=None, worker=last["worker"])
             if len(out) != p.gen_tokens:
                 rec["error"] = f"{len(out)} output tokens, expected {p.gen_tokens}"
         except (urllib.error.URLError, OSError, RuntimeError, ValueError) as err:
@@ -253,45 +274,66 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log, turns: Optiona
 
 
 def arm_server(model_path: Path, arch: str, policy: str, params: AgentParams, opts: AgentBenchOptions,
-               env: dict[str, str], log_path: Path) -> SGLangServer:
+               env: dict[str, str], log_path: Path, workers: int = 1) -> SGLangServer:
     """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy."""
     chunk = opts.hybrid_chunk if is_hybrid_model(model_path) else DEFAULT_CHUNK
-    args = (server_args(policy, params, chunk, opts.rr_block) + list(opts.extra_server_args)
+    args = (server_args(policy, params, chunk, opts.rr_block, workers) + list(opts.extra_server_args)
             + overlap_flags(opts.overlap_schedule) + (list(CHAT_SERVER_FLAGS) if opts.api == "chat" else []))
     return SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=log_path,
                         mamba_strategy=opts.mamba_strategy, extra_args=args)
 
 
 def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentWorkload], opts: AgentBenchOptions,
-            log: Log) -> None:
-    arm_dir = opts.out / arch / policy
+            log: Log, fleet: Fleet = Fleet()) -> None:
+    """One policy on one server (files server.log, trace.jsonl), or on fleet.workers servers behind the gateway
+    (w<i>.server.log, w<i>.trace.jsonl, gateway.log), in OUT/<arch>/<label>/."""
+    label = fleet.label(policy)
+    arm_dir = opts.out / arch / label
     arm_dir.mkdir(parents=True, exist_ok=True)
-    trace = (arm_dir / "trace.jsonl").resolve()
-    trace.unlink(missing_ok=True)
-    env = {"RADIXFLOW_TRACE": str(trace)}
-    if opts.server_threads > 0:
-        env["OMP_NUM_THREADS"] = str(opts.server_threads)
-    server = arm_server(model_path, arch, policy, workloads[0].params, opts, env, arm_dir / "server.log")
-    log(f"  [{arch}/{policy}] starting server")
-    with server:
-        warm = [5 + i for i in range(64)]
-        stream_generate(server.url, warm, 2, "warmup", "warmup", opts.request_timeout_s)
-        first_round = _last_round(trace)
+    names = [""] if not fleet.gateway else [f"w{i}." for i in range(fleet.workers)]
+    servers = []
+    for name in names:
+        trace = (arm_dir / f"{name}trace.jsonl").resolve()
+        trace.unlink(missing_ok=True)
+        env = {"RADIXFLOW_TRACE": str(trace)}
+        if opts.server_threads > 0:
+            env["OMP_NUM_THREADS"] = str(opts.server_threads)
+        servers.append(arm_server(model_path, arch, policy, workloads[0].params, opts, env,
+                                  arm_dir / f"{name}server.log", fleet.workers))
+    log(f"  [{arch}/{label}] starting {len(servers)} server(s)" + (" and the gateway" if fleet.gateway else ""))
+    gateway: Optional[Gateway] = None
+    try:
+        start_all(servers)
+        for server in servers:
+            stream_generate(server.url, [5 + i for i in range(64)], 2, "warmup", "warmup", opts.request_timeout_s)
+        if fleet.gateway:
+            gateway = Gateway([s.url for s in servers], fleet.router, arm_dir / "gateway.log").start()
+        url = gateway.url if gateway is not None else servers[0].url
+        views = [{"url": s.url, "log": f"{n}server.log", "trace": f"{n}trace.jsonl",
+                  "first_round": _last_round(Path(s.env["RADIXFLOW_TRACE"]))} for n, s in zip(names, servers)]
         t0 = time.perf_counter()
         records: list[dict[str, Any]] = []
         for i, w in enumerate(workloads):
             if i:  # each schedule starts from an empty cache (and RR-Evict from an empty rotation)
-                server.get("/flush_cache?timeout=30")
+                for server in servers:
+                    server.get("/flush_cache?timeout=30")
             turns = ChatTurns(w, decoder(model_path)) if opts.api == "chat" else None
-            records += [{**r, "seed": w.params.seed} for r in drive(server.url, w, opts.request_timeout_s, log, turns)]
+            records += [{**r, "seed": w.params.seed} for r in drive(url, w, opts.request_timeout_s, log, turns)]
         wall = time.perf_counter() - t0
         time.sleep(1.0)  # let the idle memory check run once
-        leak = "memory leak detected" in server.log_text()
+        leak = any("memory leak detected" in s.log_text() for s in servers)
+        command = servers[0].command()
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        for server in servers:
+            server.stop()
     write_jsonl(arm_dir / "requests.jsonl", records)
     (arm_dir / "meta.json").write_text(json.dumps(
-        {"model": str(model_path), "policy": policy, "wall_s": wall, "first_round": first_round,
-         "server_args": server.command(), "idle_leak_reported": leak}, indent=1))
-    log(f"  [{arch}/{policy}] {len(records)} turns in {wall:.1f}s")
+        {"model": str(model_path), "policy": policy, "label": label, "workers": fleet.workers, "router": fleet.router,
+         "wall_s": wall, "first_round": views[0]["first_round"], "worker_runs": views,
+         "server_args": command, "idle_leak_reported": leak}, indent=1))
+    log(f"  [{arch}/{label}] {len(records)} turns in {wall:.1f}s")
 
 
 def _last_round(trace: Path) -> int:
@@ -311,10 +353,13 @@ def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
                       "source": str(opts.workload_file) if opts.workload_file is not None else None,
                       "api": opts.api},
          "models": list(opts.models), "policies": list(opts.policies),
+         "runs": [f.label(p) for p in opts.policies for f in opts.fleets()],
+         "workers": opts.fleet.workers, "router": opts.fleet.router,
          "model_path": str(opts.model_path) if opts.model_path is not None else None}, indent=1))
     for arch in opts.models:
         model_path = opts.model_dir(arch)
         for policy in opts.policies:
-            run_arm(model_path, arch, policy, workloads, opts, log)
-            assert not live_servers(), live_servers()
+            for fleet in opts.fleets():
+                run_arm(model_path, arch, policy, workloads, opts, log, fleet)
+                assert not live_servers(), live_servers()
     return write_report(opts.out)

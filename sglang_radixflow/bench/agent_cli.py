@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
+from sglang_radixflow.bench.fleet import add_fleet_arguments, fleet_from_args
 from sglang_radixflow.bench.agent import (
     APIS, DEFAULT_MODELS, HYBRID_CHUNK, OWNED_SERVER_FLAGS, POLICIES, AgentBenchOptions, run,
 )
@@ -102,6 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                    help=HYBRID_STRATEGY_HELP + " (default: %(default)s)")
     add_overlap_argument(p)
+    add_fleet_arguments(p)
 
 
 def params_from_args(args: argparse.Namespace) -> AgentParams:
@@ -128,7 +130,7 @@ def options_from_args(args: argparse.Namespace) -> AgentBenchOptions:
         workload_file=Path(args.workload) if args.workload else None, api=args.api,
         policies=tuple(p for p in args.policies.split(",") if p), models_root=Path(args.models_root),
         rr_block=args.rr_block, hybrid_chunk=args.hybrid_chunk, mamba_strategy=args.hybrid_strategy, seeds=args.seeds,
-        overlap_schedule=args.overlap_schedule,
+        overlap_schedule=args.overlap_schedule, fleet=fleet_from_args(args), reference=not args.no_reference,
         extra_server_args=parse_server_args(args.server_args, OWNED_SERVER_FLAGS))
 
 

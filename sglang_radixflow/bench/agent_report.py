@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from sglang_radixflow.bench.report import mean, overlap_note, percentile, read_jsonl, request_records, trace_metrics
+from sglang_radixflow.bench.fleet import arm_of
+from sglang_radixflow.bench.report import mean, percentile, read_jsonl, request_records, trace_metrics
+from sglang_radixflow.bench.report_md import overlap_note
 
 TARGETS = {"missed_p99": 0.35, "ttft_p99": 0.25, "ttft_mean": 1.05}  # rr / lru, at most
 # rr against the best of every other policy that ran, per metric (smaller is better), at most
@@ -87,33 +89,65 @@ def build_summary(out: Path) -> dict[str, Any]:
     workload = json.loads((out / "workload.json").read_text())
     arms: dict[str, Any] = {}
     for arch in workload["models"]:
-        for policy in workload["policies"]:
-            d = out / arch / policy
+        for label in workload.get("runs") or workload["policies"]:  # runs: with the gateway's (bench/fleet.py)
+            d = out / arch / label
             if not (d / "requests.jsonl").is_file():
                 continue
             meta = json.loads((d / "meta.json").read_text())
-            trace = read_jsonl(d / "trace.jsonl") if (d / "trace.jsonl").is_file() else []
-            first = int(meta.get("first_round", -1))
-            rounds = [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
-            reqs = [r for r in request_records(trace) if not str(r.get("rid", "")).startswith("warmup")]
+            rounds: list[dict[str, Any]] = []
+            reqs: list[dict[str, Any]] = []
+            for view in meta.get("worker_runs") or [{"trace": "trace.jsonl", "first_round": meta.get("first_round")}]:
+                trace = read_jsonl(d / view["trace"]) if (d / view["trace"]).is_file() else []
+                first = int(view.get("first_round", -1))
+                rounds += [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
+                reqs += [r for r in request_records(trace) if not str(r.get("rid", "")).startswith("warmup")]
             cap = float(workload["workload"]["capacity"])
             recs = [{**r, "in_regime": r.get("live", 0) > cap} for r in read_jsonl(d / "requests.jsonl")]
-            arm = arm_summary(arch, policy, recs, rounds, reqs)
+            arm = arm_summary(arch, arm_of(label)[0], recs, rounds, reqs)
+            arm.update(label=label, workers=meta.get("workers", 1), router=meta.get("router", "none"))
+            if meta.get("worker_runs") and len(meta["worker_runs"]) > 1:
+                arm["per_worker"] = [worker_share(recs, v["url"]) for v in meta["worker_runs"]]
             arm["wall_s"] = meta.get("wall_s")
             arm["idle_leak_reported"] = meta.get("idle_leak_reported")
-            arms[f"{arch}/{policy}"] = arm
+            arms[f"{arch}/{label}"] = arm
     return {"kind": "agent", "workload": workload["workload"],
             "budgets": {"S": workload["workload"]["active"], "T": 4096, "calibrated_on": "fixed"},
             "arms": arms, "cost_identity": {}, "targets": targets(arms), "vs_best_other": against_best(arms)}
 
 
+def worker_share(records: Sequence[dict[str, Any]], url: str) -> dict[str, Any]:
+    """One worker's part of a gateway run: the turns routed to it, the agents they came from, its misses."""
+    mine = [r for r in records if r.get("worker") == url]
+    ret = [r for r in mine if not r.get("error") and r["turn"] > 0]
+    return {"url": url, "turns": len(mine), "agents": len({(r.get("seed"), r["agent"]) for r in mine}),
+            "errors": sum(bool(r.get("error")) for r in mine),
+            "missed_tokens_p99": percentile([float(r["missed_tokens"]) for r in ret], 99)}
+
+
+def sections(arms: dict[str, Any]) -> list[str]:
+    """`<arch>` or `<arch>@<N>x<router>`: one server per policy, or the gateway runs (arms keyed <arch>/<label>)."""
+    keys: list[str] = []
+    for key in arms:
+        arch, label = key.split("/")
+        section = arch + arm_of(label)[1]
+        if section not in keys:
+            keys.append(section)
+    return keys
+
+
+def _in(section: str, key: str) -> bool:
+    arch, label = key.split("/")
+    return arch + arm_of(label)[1] == section
+
+
 def against_best(arms: dict[str, Any]) -> dict[str, Any]:
-    """Per model and metric: rr against the best (smallest) value among the other policies that ran."""
+    """Per model (and gateway run) and metric: rr against the best (smallest) value among the other policies."""
     result: dict[str, Any] = {}
     for key, rr in arms.items():
-        arch, policy = key.split("/")
-        others = {k.split("/")[1]: a for k, a in arms.items() if k.split("/")[0] == arch and k != key}
-        if policy != "rr" or not others:
+        arch, label = key.split("/")
+        section = arch + arm_of(label)[1]
+        others = {arm_of(k.split("/")[1])[0]: a for k, a in arms.items() if _in(section, k) and k != key}
+        if arm_of(label)[0] != "rr" or not others:
             continue
         rows = {}
         for field, target in BEST_OTHER_TARGETS.items():
@@ -124,7 +158,7 @@ def against_best(arms: dict[str, Any]) -> dict[str, Any]:
             ratio = rr[field] / values[best] if values[best] else None
             rows[field] = {"rr": rr[field], "best_other": best, "best_other_value": values[best], "ratio": ratio,
                            "target": target, "met": ratio is not None and ratio <= target}
-        result[arch] = rows
+        result[section] = rows
     return result
 
 
@@ -132,8 +166,9 @@ def targets(arms: dict[str, Any]) -> dict[str, Any]:
     """rr / lru ratios against the issue's targets, per model."""
     result: dict[str, Any] = {}
     for key, arm in arms.items():
-        arch, policy = key.split("/")
-        base = arms.get(f"{arch}/lru")
+        arch, label = key.split("/")
+        policy, fleet = arm_of(label)
+        base = arms.get(f"{arch}/lru{fleet}")
         if policy != "rr" or base is None:
             continue
         rows = {}
@@ -142,7 +177,7 @@ def targets(arms: dict[str, Any]) -> dict[str, Any]:
             ratio = None if num is None or not den else num / den
             rows[name] = {"rr": num, "lru": den, "ratio": ratio, "target": TARGETS[name],
                           "met": ratio is not None and ratio <= TARGETS[name]}
-        result[arch] = rows
+        result[arch + fleet] = rows
     return result
 
 
@@ -185,14 +220,16 @@ def format_report(summary: dict[str, Any]) -> str:
         "(the policy's effect on TTFT without queueing; on CPU concurrent prefills add their work to each other's TTFT).",
         "",
     ]
-    models = sorted({a["model"] for a in summary["arms"].values()})
-    for arch in models:
-        lines += [f"## {arch}", "",
+    for section in sections(summary["arms"]):
+        arch, fleet = arm_of(section)
+        a0 = next(a for k, a in summary["arms"].items() if _in(section, k))
+        lines += [f"## {arch}" + (f" on {a0['workers']} workers behind SGLang's gateway (`--policy {a0['router']}`)"
+                                  if fleet else ""), "",
                   "| policy | TTFT mean (s) | TTFT P50 | TTFT P99 | missed mean | missed P50 | missed P99 | "
                   "missed share | reuse ratio | in-regime missed mean / P99 | alone: turns, TTFT P99 | errors | leak |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for key, a in summary["arms"].items():
-            if a["model"] != arch:
+            if not _in(section, key):
                 continue
             lines.append(
                 f"| {a['policy']} | {_f(a['ttft_mean_s'])} | {_f(a['ttft_p50_s'])} | {_f(a['ttft_p99_s'])} | "
@@ -201,30 +238,35 @@ def format_report(summary: dict[str, Any]) -> str:
                 f"{_f(a.get('steady_missed_mean'), '{:.1f}')} / {_f(a.get('steady_missed_p99'), '{:.1f}')} | "
                 f"{a.get('alone_turns', 'n/a')}, {_f(a.get('alone_ttft_p99_s'))} | {a['errors']} | "
                 f"{'yes' if a.get('idle_leak_reported') else 'no'} |")
-        t = summary["targets"].get(arch)
+        t = summary["targets"].get(section)
         if t:
             lines += ["", "| rr / lru | rr | lru | ratio | target | met |", "|---|---|---|---|---|---|"]
             for name, row in t.items():
                 lines.append(f"| {name} | {_f(row['rr'])} | {_f(row['lru'])} | {_f(row['ratio'])} | "
                              f"<= {row['target']} | {'yes' if row['met'] else 'NO'} |")
-            rr, lru = (summary["arms"].get(f"{arch}/{pol}", {}).get("alone_ttft_p99_s") for pol in ("rr", "lru"))
+            rr, lru = (summary["arms"].get(f"{arch}/{pol}{fleet}", {}).get("alone_ttft_p99_s") for pol in ("rr", "lru"))
             if rr is not None and lru:
                 lines += ["", f"Turns that ran alone (not a target): TTFT P99 rr / lru = {rr:.3f} / {lru:.3f} = "
                               f"{rr / lru:.2f}x."]
-            floor = summary["arms"].get(f"{arch}/rr", {}).get("unmissed_ttft_p99_s")
-            lru_p99 = summary["arms"].get(f"{arch}/lru", {}).get("ttft_p99_s")
+            floor = summary["arms"].get(f"{arch}/rr{fleet}", {}).get("unmissed_ttft_p99_s")
+            lru_p99 = summary["arms"].get(f"{arch}/lru{fleet}", {}).get("ttft_p99_s")
             if floor is not None and lru_p99:
-                turns = summary["arms"][f"{arch}/rr"]["unmissed_turns"]
+                turns = summary["arms"][f"{arch}/rr{fleet}"]["unmissed_turns"]
                 lines += ["", f"rr's returns that recomputed at most one turn's output ({turns}): TTFT P99 {floor:.3f}, "
                               f"{floor / lru_p99:.2f}x of lru's TTFT P99 (what the ratio would read if rr's misses "
                               "cost nothing)."]
-        best = (summary.get("vs_best_other") or {}).get(arch)
+        best = (summary.get("vs_best_other") or {}).get(section)
         if best:
             lines += ["", "| rr / best other policy | rr | best other | its value | ratio | target | met |",
                       "|---|---|---|---|---|---|---|"]
             for name, row in best.items():
                 lines.append(f"| {name} | {_f(row['rr'])} | {row['best_other']} | {_f(row['best_other_value'])} | "
                              f"{_f(row['ratio'])} | <= {row['target']} | {'yes' if row['met'] else 'NO'} |")
+        shares = [(a["policy"], w) for k, a in summary["arms"].items() if _in(section, k) for w in a.get("per_worker", [])]
+        if shares:
+            lines += ["", "| policy | worker | turns | agents | errors | missed P99 |", "|---|---|---|---|---|---|"]
+            lines += [f"| {pol} | {w['url']} | {w['turns']} | {w['agents']} | {w['errors']} | "
+                      f"{_f(w['missed_tokens_p99'], '{:.1f}')} |" for pol, w in shares]
         lines.append("")
     lines += ["![TTFT and missed tokens](agent_distributions.png)", ""]
     return "\n".join(lines)
@@ -244,11 +286,12 @@ def write_figure(out: Path, summary: dict[str, Any]) -> Optional[Path]:
         for key, a in summary["arms"].items():
             if a["model"] != arch:
                 continue
-            recs = [r for r in read_jsonl(out / arch / a["policy"] / "requests.jsonl") if not r.get("error") and r["turn"] > 0]
+            label = a.get("label", a["policy"])
+            recs = [r for r in read_jsonl(out / arch / label / "requests.jsonl") if not r.get("error") and r["turn"] > 0]
             for j, field in enumerate(("ttft_s", "missed_tokens")):
                 xs = sorted(float(r[field]) for r in recs)
                 if xs:
-                    axes[i][j].plot(xs, [(k + 1) / len(xs) for k in range(len(xs))], label=a["policy"])
+                    axes[i][j].plot(xs, [(k + 1) / len(xs) for k in range(len(xs))], label=label)
         axes[i][0].set_title(f"{arch}: TTFT (return turns)")
         axes[i][0].set_xlabel("seconds")
         axes[i][1].set_title(f"{arch}: missed tokens (own history recomputed)")

@@ -14,6 +14,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
+from sglang_radixflow.bench.gateway import ROUTED_WORKER_HEADER, ROUTING_KEY_HEADER
 from sglang_radixflow.bench.workloads import Request
 
 
@@ -32,6 +33,7 @@ class RequestRecord:
     state_hit: Optional[int] = None
     output_ids: list[int] = field(default_factory=list)
     error: Optional[str] = None
+    worker: Optional[str] = None  # the worker a gateway routed it to (its response header); None on one server
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,9 +46,17 @@ def _first(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def generate_body(input_ids: Sequence[int], rid: str) -> bytes:
-    payload = {"input_ids": list(input_ids), "rid": rid, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+def generate_body(input_ids: Sequence[int], rid: str, routing_key: Optional[str] = None) -> bytes:
+    payload: dict[str, Any] = {"input_ids": list(input_ids), "rid": rid,
+                               "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    if routing_key is not None:  # SGLang's own field; a gateway's `manual` policy reads the header (routing_headers)
+        payload["routing_key"] = routing_key
     return json.dumps(payload).encode()
+
+
+def routing_headers(routing_key: Optional[str]) -> dict[str, str]:
+    """The header SGLang's gateway routes `manual` by (and SGLang 0.5.23 counts per key); none without a key."""
+    return {ROUTING_KEY_HEADER: routing_key} if routing_key is not None else {}
 
 
 def post_generate(url: str, input_ids: Sequence[int], rid: str, timeout_s: float,
@@ -69,11 +79,19 @@ def sse_json(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
 
 def post_json(url: str, path: str, payload: Any, timeout_s: float) -> Any:
     """POST a JSON body (an object, or bytes already encoded); the decoded answer (None for an empty one)."""
+    return post_json_routed(url, path, payload, timeout_s)[0]
+
+
+def post_json_routed(url: str, path: str, payload: Any, timeout_s: float,
+                     headers: Optional[Mapping[str, str]] = None) -> tuple[Any, Optional[str]]:
+    """post_json with extra request headers; also returns the worker a gateway says it routed the request to."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url.rstrip("/") + path, data=data,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         body = resp.read()
-    return json.loads(body) if body.strip() else None
+        worker = resp.headers.get(ROUTED_WORKER_HEADER)
+    return (json.loads(body) if body.strip() else None), worker
 
 
 def fill_from_response(rec: RequestRecord, body: Mapping[str, Any]) -> None:
@@ -107,10 +125,11 @@ class Completions:
 
 class OpenLoopClient:
     def __init__(self, url: str, timeout_s: float = 600.0,
-                 on_done: Optional[Callable[[RequestRecord, int, int], None]] = None) -> None:
+                 on_done: Optional[Callable[[RequestRecord, int, int], None]] = None, routed: bool = False) -> None:
         self.url = url
         self.timeout_s = timeout_s
         self.on_done = on_done  # (record, finished so far, total): progress output
+        self.routed = routed  # through a gateway: each request carries its document's routing key
 
     def run(self, requests: Sequence[Request], lead_s: float = 0.05) -> list[RequestRecord]:
         """Send every request at its arrival_s after the start; return records in request order.
@@ -131,7 +150,7 @@ class OpenLoopClient:
                 j += 1
             go = threading.Event()
             for req, rec in zip(requests[i:j], records[i:j]):
-                body = generate_body(req.input_ids, req.rid)
+                body = generate_body(req.input_ids, req.rid, req.routing_key if self.routed else None)
                 t = threading.Thread(target=self._one, args=(req, rec, body, go, start, len(records)), daemon=True)
                 t.start()
                 threads.append(t)
@@ -149,7 +168,9 @@ class OpenLoopClient:
         go.wait()
         rec.sent_s = time.perf_counter() - start
         try:
-            fill_from_response(rec, post_generate(self.url, req.input_ids, req.rid, self.timeout_s, body))
+            key = req.routing_key if self.routed else None
+            answer, rec.worker = post_json_routed(self.url, "/generate", body, self.timeout_s, routing_headers(key))
+            fill_from_response(rec, answer)
         except urllib.error.HTTPError as err:
             rec.error = f"HTTP {err.code}: {err.read().decode(errors='replace')[:300]}"
         except Exception as err:  # a dead server, a timeout: recorded, the run goes on

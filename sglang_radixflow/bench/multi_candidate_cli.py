@@ -8,6 +8,7 @@ from typing import Any, Optional
 from sglang_radixflow.bench.runner import (
     CALIBRATION_GRID, DEFAULT_ARMS, DEFAULT_KV_TOKENS, DEFAULT_MODELS, OWNED_SERVER_FLAGS, PATHS, QUICK_BUDGETS, BenchOptions, run_bench,
 )
+from sglang_radixflow.bench.fleet import add_fleet_arguments, fleet_from_args
 from sglang_radixflow.bench.goodput import parse_rates, parse_slo, run_sweep
 from sglang_radixflow.bench.model_args import add_model_arguments, models_from_args
 from sglang_radixflow.bench.server import on_cpu
@@ -48,6 +49,7 @@ def options_from_args(args: Any) -> BenchOptions:
         models_root=Path(args.models_root), quick=quick, server_threads=args.server_threads, path=args.path,
         mamba_strategy=args.hybrid_strategy, overlap_schedule=args.overlap_schedule,
         extra_server_args=parse_server_args(args.server_args, OWNED_SERVER_FLAGS),
+        fleet=fleet_from_args(args), reference=not args.no_reference,
     )
 
 
@@ -89,6 +91,7 @@ def add_arguments(parser: Any) -> None:
                         help="measure servers that are already running, comma separated, one per arm in --arms "
                              "order (e.g. --arms sglang,radixflow --url http://h:30000,http://h:30001); nothing is "
                              "started, budgets are read from each server's /server_info")
+    add_fleet_arguments(parser)
     parser.add_argument("--workload", default=None,
                         help="your own questions instead of the generated ones: a JSONL file, one "
                              '{"context": ..., "candidates": [...]} per line, text or token ids '
@@ -146,6 +149,8 @@ def main(args: Any) -> int:
     before = set(live_servers())
     try:
         if args.sweep_rates:
+            if opts.fleet.gateway:
+                raise ValueError("--sweep-rates with --workers: goodput is measured on one server per arm")
             result = run_sweep(opts, parse_rates(args.sweep_rates), parse_slo(args.slo_p95), run_bench)
             print((opts.out / "goodput.md").read_text())
             return 0 if all(r["errors"] == 0 for a in result["arms"].values() for r in a["rates"]) else 1

@@ -32,7 +32,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from sglang_radixflow.bench import remote
+from sglang_radixflow.bench import remote, report_md
+from sglang_radixflow.bench.fleet import arm_of, worker_split
 from sglang_radixflow.bench.client import first_token_agreement
 from sglang_radixflow.schedule.prefix_request import PREFIX_RID_MARK
 
@@ -145,12 +146,6 @@ def trace_metrics(rounds: Sequence[dict[str, Any]], requests: Sequence[dict[str,
     }
 
 
-def _adopted(extra: dict[str, Any]) -> str:
-    """The producers cell's suffix: in-flight requests adopted as producers, when any were."""
-    adopted = extra.get("adopted_producers")
-    return f" (+{adopted} adopted)" if adopted else ""
-
-
 def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefill: Sequence[dict[str, int]],
                 trace: Optional[dict[str, Any]], S: int, T: int,
                 baseline_requests: Optional[Sequence[dict[str, Any]]],
@@ -184,6 +179,8 @@ def arm_summary(model: str, arm: str, requests: Sequence[dict[str, Any]], prefil
     spreads = [1000.0 * (max(v) - min(v)) for v in sent.values() if len(v) > 1]
     return {
         "model": model,
+        "workers": int((run or {}).get("workers") or 1),  # servers the workload went to
+        "router": (run or {}).get("router") or "none",  # the gateway's policy; `none`: one server, no gateway
         "requests": len(requests),
         "completed": len(ok),
         "errors": len(requests) - len(ok),
@@ -248,34 +245,48 @@ def cost_identity(base: dict[str, Any], arm: dict[str, Any], baseline_key: str) 
 
 # ---------------------------------------------------------------- whole run
 
-def load_arm(out: Path, model: str, arm: str, path: str = "raw") -> dict[str, Any]:
-    """Everything saved for one arm, filtered to the workload (warm-up excluded). On the score path SGLang names the
-    requests itself: the trace's request records of the workload are those released after the warm-up's last round,
-    less health checks and radixflow's prefix requests."""
+def server_views(run: dict[str, Any], label: str) -> list[dict[str, Any]]:
+    """Each server of a run, with its log and trace: the workers behind a gateway (bench/fleet.py), else the one."""
+    if run.get("worker_runs"):
+        return list(run["worker_runs"])
+    return [{"url": run.get("url"), "log": f"{label}.server.log", "log_start": run.get("log_start", 0),
+             "log_end": run.get("log_end"), "trace": f"{label}.trace.jsonl",
+             "warmup_last_round": run.get("warmup_last_round", -1)}]
+
+
+def load_arm(out: Path, model: str, label: str, path: str = "raw") -> dict[str, Any]:
+    """Everything saved for one run of an arm (`label`: the arm, or `<arm>@<N>x<router>` behind a gateway), filtered
+    to the workload (warm-up excluded). On the score path SGLang names the requests itself: the trace's request
+    records of the workload are those released after the warm-up's last round, less health checks and radixflow's
+    prefix requests. A gateway run's servers are summed; `split` is its per-worker view."""
     base = out / model
-    run = json.loads((base / f"{arm}.run.json").read_text())
-    requests = read_jsonl(base / f"{arm}.requests.jsonl")
-    prefill = parse_prefill_lines(log_window(base / f"{arm}.server.log", run.get("log_start", 0), run.get("log_end")))
-    trace_path = base / f"{arm}.trace.jsonl"
-    trace = None
-    if trace_path.is_file():
+    run = json.loads((base / f"{label}.run.json").read_text())
+    requests = read_jsonl(base / f"{label}.requests.jsonl")
+    views = server_views(run, label)
+    per_server = [parse_prefill_lines(log_window(base / v["log"], v.get("log_start", 0), v.get("log_end")))
+                  for v in views]
+    rids = {r["rid"] for r in requests}
+    rounds: list[dict[str, Any]] = []
+    reqs: list[dict[str, Any]] = []
+    traces = [(base / v["trace"], int(v.get("warmup_last_round", -1))) for v in views if v.get("trace")]
+    traces = [(p, first) for p, first in traces if p.is_file()]
+    for trace_path, first in traces:
         records = read_jsonl(trace_path)
-        first = int(run.get("warmup_last_round", -1))
-        rids = {r["rid"] for r in requests}
-        rounds = [r for r in records if r.get("kind") == "round" and int(r["round"]) > first]
+        rounds += [r for r in records if r.get("kind") == "round" and int(r["round"]) > first]
         if path == "score":
-            reqs = [r for r in request_records(records) if int(r.get("round", -1)) > first
-                    and not str(r.get("rid")).startswith("HEALTH_CHECK") and PREFIX_RID_MARK not in str(r.get("rid"))]
+            reqs += [r for r in request_records(records) if int(r.get("round", -1)) > first
+                     and not str(r.get("rid")).startswith("HEALTH_CHECK") and PREFIX_RID_MARK not in str(r.get("rid"))]
         else:
-            reqs = [r for r in request_records(records) if r.get("rid") in rids]
-        trace = trace_metrics(rounds, reqs)
-    questions = read_jsonl(base / f"{arm}.questions.jsonl")  # frontend paths only
+            reqs += [r for r in request_records(records) if r.get("rid") in rids]
+    trace = trace_metrics(rounds, reqs) if traces else None
+    questions = read_jsonl(base / f"{label}.questions.jsonl")  # frontend paths only
     counts, missing = None, None
     if run.get("url"):  # a server the bench did not start: no log, what its metrics counted if anything
         counts = remote.counted(run.get("metrics_start"), run.get("metrics_end"))
         missing = None if counts is not None else remote.missing_note(run.get("server") or {})
-    return {"run": run, "requests": requests, "prefill": prefill, "trace": trace, "questions": questions,
-            "counts": counts, "missing": missing}
+    split = worker_split(requests, views, per_server) if run.get("worker_runs") else None
+    return {"run": run, "requests": requests, "prefill": [p for lines in per_server for p in lines], "trace": trace,
+            "questions": questions, "counts": counts, "missing": missing, "split": split}
 
 
 def frontend_metrics(questions: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -305,12 +316,14 @@ def load_run(out: Path) -> tuple[dict[str, Any], dict[tuple[str, str], dict[str,
     loaded: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(out.glob("*/*.run.json")):
         run = json.loads(path.read_text())
-        loaded[(run["model"], run["arm"])] = load_arm(out, run["model"], run["arm"], workload.get("path", "raw"))
+        label = run.get("label", run["arm"])
+        loaded[(run["model"], label)] = load_arm(out, run["model"], label, workload.get("path", "raw"))
     if not loaded:
         raise FileNotFoundError(f"{out}: no <model>/<arm>.run.json (not a multi-candidate bench directory?)")
     order = {m: i for i, m in enumerate(workload.get("models", []))}
     arm_order = {a: i for i, a in enumerate(workload.get("arms", []))}
-    keys = sorted(loaded, key=lambda k: (order.get(k[0], 99), k[0], arm_order.get(k[1], 99), k[1]))
+    # each arm's one-server run first, then its gateway run
+    keys = sorted(loaded, key=lambda k: (order.get(k[0], 99), k[0], arm_order.get(arm_of(k[1])[0], 99), k[1]))
     return workload, {k: loaded[k] for k in keys}
 
 
@@ -322,23 +335,29 @@ def build_summary(out: str | Path,
     S, T = int(budgets["S"]), int(budgets["T"])
     keys = list(loaded)
     arms: dict[str, Any] = {}
-    for model, arm in keys:
-        data = loaded[(model, arm)]
-        base = loaded.get((model, BASELINE_ARM))
-        arms[f"{model}/{arm}"] = arm_summary(
+    for model, label in keys:
+        data = loaded[(model, label)]
+        arm, fleet = arm_of(label)
+        base = loaded.get((model, BASELINE_ARM + fleet)) or loaded.get((model, BASELINE_ARM))
+        summary = arm_summary(
             model, arm, data["requests"], data["prefill"], data["trace"], S, T,
             base["requests"] if base is not None else None, data["run"], data["counts"], data["missing"],
         )
         if data["questions"]:
-            arms[f"{model}/{arm}"]["extra"]["frontend"] = frontend_metrics(data["questions"])
+            summary["extra"]["frontend"] = frontend_metrics(data["questions"])
+        if data["split"] is not None:
+            summary["extra"]["per_worker"] = data["split"]
+        arms[f"{model}/{label}"] = summary
     identity: dict[str, Any] = {}
-    for model, arm in keys:
-        base = loaded.get((model, COST_BASELINE_ARM))
-        if arm == COST_BASELINE_ARM or base is None or base["trace"] is None or loaded[(model, arm)]["trace"] is None:
+    for model, label in keys:
+        arm, fleet = arm_of(label)
+        base_key = COST_BASELINE_ARM + fleet  # against prefix-stop on the same servers
+        base = loaded.get((model, base_key))
+        if arm == COST_BASELINE_ARM or base is None or base["trace"] is None or loaded[(model, label)]["trace"] is None:
             continue
-        ci = cost_identity(base["trace"], loaded[(model, arm)]["trace"], f"{model}/{COST_BASELINE_ARM}")
+        ci = cost_identity(base["trace"], loaded[(model, label)]["trace"], f"{model}/{base_key}")
         if ci is not None:
-            identity[f"{model}/{arm}"] = ci
+            identity[f"{model}/{label}"] = ci
     return {
         "kind": "multi-candidate",
         "workload": workload,
@@ -346,195 +365,6 @@ def build_summary(out: str | Path,
         "arms": arms,
         "cost_identity": identity,
     }
-
-
-# ---------------------------------------------------------------- report.md
-
-def _f(x: Any, fmt: str = "{:.3f}") -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        return fmt.format(x)
-    return str(x)
-
-
-def overlap_note(setting: str) -> str:
-    """Runs before the setting was recorded had SGLang's default: on, except for no_buffer hybrids."""
-    if setting == "off":
-        return "off (`--disable-overlap-schedule`)"
-    return "on (no_buffer hybrids: off, as SGLang requires)"
-
-
-def _doc_scale_note(scale: Any) -> str:
-    """Runs with shortened documents say so (runs before --doc-scale have no key: scale 1)."""
-    return "" if scale in (None, 1) else f", lengths x{scale:g} of the default"
-
-
-def _server_args_note(args: Optional[Sequence[str]]) -> str:
-    """Extra server flags of the run (--server-args), when there were any."""
-    return f", extra server flags `{' '.join(args)}`" if args else ""
-
-
-def _servers_note(w: dict[str, Any]) -> str:
-    pairs = ", ".join(f"`{arm}` at {url}" for arm, url in zip(w.get("arms", []), w.get("urls", [])))
-    return (f"Servers: already running, not started by the bench ({pairs}); budgets and cache settings are theirs "
-            "(each arm's run.json records its /server_info).")
-
-
-def _pct(x: Optional[float]) -> str:
-    return "—" if x is None else f"{100 * x:.2f}%"
-
-
-TABLE_HEAD = (
-    "| arm | requests | completed | errors | rounds | prefill rounds | rows/round | tokens/round | latency mean s | "
-    "p50 s | p95 s | reuse | computed reuse | ideal reuse | first-sel. wait s | blocked skips | avoidable bubbles | host time s | "
-    "first-token agreement vs sglang |"
-)
-
-
-def format_report(summary: dict[str, Any], budgets_detail: Optional[dict[str, Any]] = None,
-                  figures: Sequence[str] = ()) -> str:
-    w = summary["workload"]
-    b = summary["budgets"]
-    ideal = w.get("ideal_reuse_ratio")
-    # Runs before the running set was widened to 2S used S (no key in their workload.json).
-    k = int(w.get("max_running_per_row_budget") or 1)
-    running = f"{k}S, room for a round still in flight when the overlap scheduler is on" if k > 1 else "S"
-    lines = [
-        "# Multi-candidate scoring bench",
-        "",
-        f"Workload: {w.get('questions')} questions "
-        + (f"x {w.get('candidates', 4)} candidates" if w.get("candidates") != "varies" else "(candidates vary)")
-        + (" + the anchor (document + question alone)" if w.get("anchor") else "")
-        + f" = {w.get('requests')} requests, "
-        + (f"from `{w['source']}`" if w.get("source") else f"stream `{w.get('stream')}`, order `{w.get('order')}`")
-        + f", Poisson {w.get('rate')} questions/s, seed {w.get('seed')}; "
-        f"{w.get('documents')} documents (mean {_f(w.get('mean_doc_len'), '{:.0f}')} tokens"
-        f"{_doc_scale_note(w.get('doc_scale'))}), "
-        f"{w.get('prompt_tokens')} prompt tokens, ideal reuse ratio {_pct(ideal)}.",
-        f"Budgets: S = {b['S']} rows (`--prefill-max-requests`; `--max-running-requests` "
-        f"{running}), T = {b['T']} tokens "
-        f"(`--chunked-prefill-size`, `--max-prefill-tokens`); calibrated on: {b['calibrated_on']}.",
-        _servers_note(w) if w.get("urls") else (
-            "Servers: one fresh server per arm, " + (f"`--max-total-tokens {w['kv_tokens']}`" if w.get("kv_tokens")
-                                                     else "SGLang's own KV pool size") + ", "
-            f"OMP_NUM_THREADS={w.get('server_threads') or 'torch default'}, hybrids with "
-            f"`--mamba-radix-cache-strategy {w.get('hybrid_strategy', 'no_buffer')}`, SGLang's overlap scheduler "
-            f"{overlap_note(w.get('overlap_schedule', 'on'))}{_server_args_note(w.get('server_args'))}; each "
-            "question's branches are released together by the client (see the sibling send spread)."),
-        "",
-    ]
-    if w.get("path") == "score":
-        lines += [
-            "Path `score`: one call of SGLang's `/v1/score` per question (query = document + question, items = its 4 "
-            "candidates, two label tokens), which SGLang sends on as one request per item. Each item is a request of "
-            "the tables below with its question's latency; the endpoint reports no cached tokens, so client reuse is "
-            "— and computed reuse is the measure; first-token agreement compares each item's best label.",
-            "",
-        ]
-    models = []
-    for key, a in summary["arms"].items():
-        if a["model"] not in models:
-            models.append(a["model"])
-    for model in models:
-        lines += [f"## {model}", "", TABLE_HEAD, "|" + "---|" * (TABLE_HEAD.count("|") - 1)]
-        for key, a in summary["arms"].items():
-            if a["model"] != model:
-                continue
-            arm = key.split("/", 1)[1]
-            lines.append(
-                f"| {arm} | {a['requests']} | {a['completed']} | {a['errors']} | {a['rounds']} | {a['prefill_rounds']} | "
-                f"{_f(a['rows_per_round'], '{:.2f}')} | {_f(a['tokens_per_round'], '{:.1f}')} | "
-                f"{_f(a['latency_mean_s'])} | {_f(a['latency_p50_s'])} | {_f(a['latency_p95_s'])} | "
-                f"{_pct(a['reuse_ratio'])} | {_pct(a['extra'].get('computed_reuse_ratio'))} | {_pct(ideal)} | "
-                f"{_f(a['first_selection_wait_mean_s'], '{:.4f}')} | "
-                f"{_f(a['blocked_skips'])} | {_f(a['avoidable_bubbles'])} | {_f(a['host_time_s'])} | "
-                f"{_pct(a['first_token_agreement'])} |"
-            )
-        lines += ["", "Cross-checks and extras:", "",
-                  "| arm | trace rounds (by kind) | log queue max / mean | token hits ĥ | state-ready hits h | "
-                  "producers | round lower bound | p99 s | throughput req/s | sibling send spread ms mean / max | "
-                  "load avg start / end |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for key, a in summary["arms"].items():
-            if a["model"] != model:
-                continue
-            e = a["extra"]
-            kinds = e.get("trace_by_kind")
-            lines.append(
-                f"| {key.split('/', 1)[1]} | {_f(e.get('trace_rounds'))}"
-                f"{' ' + json.dumps(kinds) if kinds else ''} | {e.get('log_queue_max')} / "
-                f"{_f(e.get('log_queue_mean'), '{:.1f}')} | {_f(a['token_hit_tokens'])} | "
-                f"{_f(a['state_ready_hit_tokens'])} | {_f(e.get('producers'))}{_adopted(e)} | {_f(a['round_lower_bound'])} | "
-                f"{_f(a['latency_p99_s'])} | {_f(e.get('throughput_rps'), '{:.2f}')} | "
-                f"{_f(e.get('send_spread_ms_mean'), '{:.2f}')} / {_f(e.get('send_spread_ms_max'), '{:.2f}')} | "
-                f"{_f(e.get('loadavg_start'), '{:.1f}')} / {_f(e.get('loadavg_end'), '{:.1f}')} |"
-            )
-        for key, a in summary["arms"].items():
-            if a["model"] == model and a["extra"].get("missing"):
-                lines.append(f"Not measured for `{key.split('/', 1)[1]}` ({a['extra'].get('url')}): "
-                             f"{a['extra']['missing']}.")
-        lines.append("")
-    fe = {k: a["extra"]["frontend"] for k, a in summary["arms"].items() if a.get("extra", {}).get("frontend")}
-    if fe:
-        lines += [f"## Frontend path (`{w.get('path')}`: one sgl.function program per question via sgl.RuntimeEndpoint)",
-                  "", "Reuse here = Σ cached / Σ prompt tokens of the choice requests (ideal "
-                  f"{_pct(ideal)}; the token workload's own ideal: {_pct(w.get('token_workload_ideal_reuse_ratio'))}). "
-                  "Warm-up = the cache-only request (max_new_tokens=0) that select / fork send with the shared context "
-                  "first.", "",
-                  "| arm | questions | errors | question latency mean s | p95 s | choice reuse | choices reusing the "
-                  "context | warm-ups | warm-up cached / prompt tokens |", "|---|---|---|---|---|---|---|---|---|"]
-        for key, f in fe.items():
-            lines.append(
-                f"| {key} | {f['questions']} | {f['errors']} | {_f(f['question_latency_mean_s'])} | "
-                f"{_f(f['question_latency_p95_s'])} | {_pct(f['choice_reuse_ratio'])} | "
-                f"{f['choice_requests_fully_cached_context']} / {f['choice_requests']} | "
-                f"{f['warmup_requests']} | {f['warmup_cached_tokens']} / {f['warmup_prompt_tokens']} |")
-        lines.append("")
-    if summary["cost_identity"]:
-        lines += ["## Cost identity (trace K and host time, against prefix-stop)", "",
-                  "| arm | baseline | round gain s | cost drift s | T_host,0 − T_host,1 s |", "|---|---|---|---|---|"]
-        for key, ci in summary["cost_identity"].items():
-            lines.append(f"| {key} | {ci['baseline']} | {ci['round_gain_s']:.4f} | {ci['cost_drift_s']:.4f} | "
-                         f"{ci['total_s']:.4f} |")
-        lines.append("")
-    if budgets_detail and budgets_detail.get("calibration"):
-        lines += ["## Budget calibration (sglang arm, held-out questions)", "",
-                  "| S | T | mean latency s | prefill rounds | chosen |", "|---|---|---|---|---|"]
-        for c in budgets_detail["calibration"]:
-            chosen = "yes" if (c["S"], c["T"]) == (b["S"], b["T"]) else ""
-            lines.append(f"| {c['S']} | {c['T']} | {_f(c.get('latency_mean_s'))} | {_f(c.get('prefill_rounds'))} | "
-                         f"{chosen} |")
-        lines.append("")
-    if figures:
-        lines += ["## Figures", "",
-                  "Rounds and latency per arm against `sglang`, and round gain vs cost drift (paper's Figure 3); "
-                  "round fullness (rows / S per prefill round, from SGLang's log) and latency distributions per arm "
-                  "(paper's Figure 4).", ""]
-        lines += [f"![{name}]({name})" for name in figures] + [""]
-    lines += [
-        "## Where the numbers come from",
-        "",
-        "- rounds / prefill rounds / rows per round / tokens per round: SGLang's `Prefill batch` log lines of the "
-        "workload window, parsed identically for every arm. Every request generates one token, so every worker call "
-        "is a prefill round (`rounds` = `prefill_rounds`); the radixflow trace's own K is shown as a cross-check.",
-        "- computed reuse = 1 − Σ new tokens of SGLang's `Prefill batch` lines / Σ prompt tokens: the server's own count, "
-        "which also charges the tokens of radixflow's prefix requests (a hybrid producer's first b tokens computed as "
-        "their own request, whose cached_tokens no client sees).",
-        "- latency (client send to response), reuse ratio (Σ meta_info.cached_tokens / Σ prompt tokens), errors: the "
-        "open-loop client. TTFT = latency (one output token).",
-        "- `sglang` arm (SGLang's default cache, no radixflow trace): first-selection wait, token / state-ready hits, "
-        "blocked skips, avoidable bubbles, host time and host cost per round are null — only the radixflow backend "
-        "records them. First-token agreement is null for `sglang` itself (it is the reference).",
-        "- avoidable bubbles are counted where certain (prefix-stop stopped on a Blocked request while rows were left "
-        "and a later waiting request had no blocking promise); the skip arms cannot have that kind.",
-        "- round lower bound: max(⌈W/T⌉, ⌈V/S⌉, D) over the fragments the arm executed; it ignores arrival times.",
-        "- missed tokens: agent bench only (null).",
-        "- timings (latency, host time) are wall-clock on the machine as it was: the 1-minute load average at the start "
-        "and end of each arm's workload is listed; on a shared small CPU compare arms with that in mind.",
-        "",
-    ]
-    return "\n".join(lines)
 
 
 def write_figures(out: Path, summary: dict[str, Any],
@@ -561,7 +391,7 @@ def write_report(out: str | Path, with_figures: bool = True) -> dict[str, Any]:
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     detail = json.loads((out / "budgets.json").read_text())
     figs = [p.name for p in write_figures(out, summary, run[1])] if with_figures else []
-    (out / "report.md").write_text(format_report(summary, detail, figs))
+    (out / "report.md").write_text(report_md.format_report(summary, detail, figs))
     return summary
 
 

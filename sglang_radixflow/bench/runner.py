@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from sglang_radixflow.bench import remote, report
+from sglang_radixflow.bench.fleet import Fleet, run_fleet
 from sglang_radixflow.bench.client import OpenLoopClient, RequestRecord, post_generate
 from sglang_radixflow.bench.frontend import (
     FRONTEND_PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
@@ -73,6 +74,10 @@ class BenchOptions:
     # Servers already running, one per arm (in `arms` order): nothing is started, budgets are read from them.
     urls: tuple[str, ...] = ()
     workload_file: Optional[Path] = None  # the user's questions (bench/workload_file.py) instead of the generated ones
+    # Several workers behind SGLang's gateway (bench/fleet.py); with a gateway, each arm also runs once on one server
+    # (the reference) unless `reference` is off.
+    fleet: Fleet = field(default_factory=Fleet)
+    reference: bool = True
 
     def __post_init__(self) -> None:
         if self.path not in PATHS:
@@ -110,6 +115,10 @@ class BenchOptions:
             raise ValueError(f"--server-threads {self.server_threads}: must be >= 0 (0: torch's default)")
         check_hybrid_strategy(self.mamba_strategy)
         check_overlap_schedule(self.overlap_schedule)
+        if self.fleet.gateway and self.urls:
+            raise ValueError("--workers with --url: the bench starts the workers and the gateway itself")
+        if self.fleet.gateway and self.path != "raw":
+            raise ValueError(f"--workers with --path {self.path}: runs through a gateway use the raw path only")
 
     @property
     def overlap_off(self) -> bool:
@@ -251,11 +260,12 @@ def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request],
 
 def send_workload(url: str, tag: str, arm: str, requests: Sequence[Request],
                   questions: Optional[Sequence[TextQuestion | Question]], opts: BenchOptions, out_dir: Path,
-                  log: Log) -> list[dict[str, Any]]:
-    """The workload, open loop, on the path of the run: the request records (one per branch request)."""
+                  log: Log, routed: bool = False) -> list[dict[str, Any]]:
+    """The workload, open loop, on the path of the run: the request records (one per branch request). `routed`:
+    through a gateway, each request keyed by its document."""
     if questions is None:
         log(f"[{tag}] sending {len(requests)} requests ({len({r.qid for r in requests})} questions, open loop)")
-        client = OpenLoopClient(url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)))
+        client = OpenLoopClient(url, opts.request_timeout_s, on_done=_progress(tag, log, len(requests)), routed=routed)
         return [r.to_dict() for r in client.run(requests)]
     if opts.path == "score":
         log(f"[{tag}] sending {len(questions)} /v1/score calls (one per question, open loop)")
@@ -266,6 +276,29 @@ def send_workload(url: str, tag: str, arm: str, requests: Sequence[Request],
     qrecs = fe.run(questions)
     report.write_jsonl(out_dir / f"{arm}.questions.jsonl", (q.to_dict() for q in qrecs))
     return [r for q, rec in zip(questions, qrecs) for r in rec.request_records(q)]
+
+
+def run_gateway_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request], S: int, T: int,
+                    opts: BenchOptions, out_dir: Path, log: Log = print_progress) -> list[dict[str, Any]]:
+    """`run_arm` on opts.fleet: N workers of the arm behind the gateway (bench/fleet.py). Writes <label>.run.json,
+    <label>.requests.jsonl, <label>.gateway.log and per worker <label>.w<i>.{server.log,trace.jsonl}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    label = opts.fleet.label(arm)
+    tag = f"{model}/{label}"
+    run: dict[str, Any] = {"model": model, "arm": arm, "label": label, "model_path": str(model_path), "S": S, "T": T,
+                           **code_version()}
+    log(f"[{tag}] starting {opts.fleet.workers} workers (S={S}, T={T}) and the gateway ...")
+    records = run_fleet(
+        opts.fleet, label, out_dir, run,
+        make_worker=lambda log_path, trace: make_server(model_path, arm, S, T, opts, log_path, trace),
+        traced=arm != "sglang", warm_up=lambda url: warm_up(url, opts.request_timeout_s),
+        send=lambda url: send_workload(url, tag, label, requests, None, opts, out_dir, log, routed=True),
+        last_round=_last_round, log=log)
+    report.write_jsonl(out_dir / f"{label}.requests.jsonl", records)
+    (out_dir / f"{label}.run.json").write_text(json.dumps(run, indent=2) + "\n")
+    errors = sum(r["error"] is not None for r in records)
+    log(f"[{tag}] done: {len(records) - errors}/{len(records)} completed, servers and gateway stopped")
+    return records
 
 
 def run_remote_arm(model: str, url: str, arm: str, facts: dict[str, Any], requests: Sequence[Request],
@@ -392,7 +425,8 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
         "model_path": str(opts.model_path) if opts.model_path is not None else None, "kv_tokens": opts.kv_tokens,
         "quick": opts.quick, "server_threads": opts.server_threads, "hybrid_strategy": opts.mamba_strategy,
         "overlap_schedule": "off" if opts.overlap_off else "on", "server_args": list(opts.extra_server_args),
-        "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, **code_version(),
+        "max_running_per_row_budget": RUNNING_PER_ROW_BUDGET, "workers": opts.fleet.workers,
+        "router": opts.fleet.router, "reference": opts.reference if opts.fleet.gateway else None, **code_version(),
     }, indent=2) + "\n")
     report.write_jsonl(out / "workload.requests.jsonl", workload.request_table())
 
@@ -419,9 +453,12 @@ def run_bench(opts: BenchOptions, log: Log = print_progress) -> dict[str, Any]:
         for i, arm in enumerate(arms):
             if facts:
                 run_remote_arm(model, opts.urls[i], arm, facts[i], requests, opts, out / model, log, questions)
-            else:
+                continue
+            if opts.reference or not opts.fleet.gateway:
                 run_arm(model, model_dir(opts, model), arm, requests, S, T, opts, out / model, log,
                         questions=questions)
+            if opts.fleet.gateway:
+                run_gateway_arm(model, model_dir(opts, model), arm, requests, S, T, opts, out / model, log)
     leftover = set(live_servers()) - running_before
     assert not leftover, f"servers left running: {sorted(leftover)}"
     summary = report.write_report(out)

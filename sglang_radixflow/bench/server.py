@@ -255,7 +255,7 @@ class SGLangServer:
             cwd=SERVER_CWD,
         )
         log.close()
-        _LIVE.add(self.proc.pid)
+        register_group(self.proc.pid)
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:
@@ -282,22 +282,9 @@ class SGLangServer:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM the process group we created, then SIGKILL it if it lingers."""
         if self.proc is None:
             return
-        pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            if not _group_alive(pgid):
-                break
-        _LIVE.discard(pgid)
+        stop_group(self.proc, timeout_s)
         self.proc = None
 
     def __enter__(self) -> "SGLangServer":
@@ -334,6 +321,28 @@ class SGLangServer:
             **extra,
         }
         return self.post("/generate", payload)
+
+
+def register_group(pgid: int) -> None:
+    """A process group this process started (bench/gateway.py's too): live_servers() lists it until it is stopped."""
+    _LIVE.add(pgid)
+
+
+def stop_group(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM the process group `proc` leads (started with start_new_session), then SIGKILL it if it lingers."""
+    pgid = proc.pid  # start_new_session: the group id is the leader's pid
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if not _group_alive(pgid):
+            break
+    _LIVE.discard(pgid)
 
 
 def _group_alive(pgid: int) -> bool:

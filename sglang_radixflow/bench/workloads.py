@@ -132,6 +132,7 @@ class Request:
     branch: int
     arrival_s: float
     input_ids: tuple[int, ...]
+    routing_key: Optional[str] = None  # its document: what a gateway's `manual` policy keeps on one worker
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ class Workload:
     def requests(self) -> list[Request]:
         """All branch requests in arrival order (ties inside a question broken by branch index)."""
         return [
-            Request(q.rid(b), q.qid, b, q.arrival_s, ids) for q in self.questions for b, ids in enumerate(q.branches)
+            Request(q.rid(b), q.qid, b, q.arrival_s, ids, f"doc-{q.doc_id}")
+            for q in self.questions for b, ids in enumerate(q.branches)
         ]
 
     @property

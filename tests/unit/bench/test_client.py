@@ -1,6 +1,7 @@
 """Open-loop client against a stub HTTP server (no SGLang): records, sibling release, errors, agreement."""
 from __future__ import annotations
 
+import json
 import time
 from typing import Iterator
 
@@ -35,19 +36,19 @@ def test_open_loop_records_and_sibling_release(stub_url: str, monkeypatch: pytes
     # Log, in order, when each body is encoded and when each request is posted. Encoding is slowed (GIL released) so
     # that a client sending each sibling as soon as its own body is ready would post before the next one is encoded.
     events: list[tuple[str, str]] = []
-    real_body, real_post = client.generate_body, client.post_generate
+    real_body, real_post = client.generate_body, client.post_json_routed
 
-    def slow_body(input_ids, rid):  # type: ignore[no-untyped-def]
+    def slow_body(input_ids, rid, routing_key=None):  # type: ignore[no-untyped-def]
         time.sleep(0.005)
         events.append(("encode", rid))
-        return real_body(input_ids, rid)
+        return real_body(input_ids, rid, routing_key)
 
-    def logged_post(url, input_ids, rid, timeout_s, body=None):  # type: ignore[no-untyped-def]
-        events.append(("send", rid))
-        return real_post(url, input_ids, rid, timeout_s, body)
+    def logged_post(url, path, body, timeout_s, headers=None):  # type: ignore[no-untyped-def]
+        events.append(("send", json.loads(body)["rid"]))
+        return real_post(url, path, body, timeout_s, headers)
 
     monkeypatch.setattr(client, "generate_body", slow_body)
-    monkeypatch.setattr(client, "post_generate", logged_post)
+    monkeypatch.setattr(client, "post_json_routed", logged_post)
     w = make_workload(WorkloadParams(questions=3, rate=20.0, seed=0))
     done: list[int] = []
     records = OpenLoopClient(stub_url, timeout_s=10, on_done=lambda r, n, total: done.append(n)).run(w.requests())

@@ -78,6 +78,13 @@ def test_budget_flags() -> None:
      "--budgets with --url: the servers' own budgets are used"),
     ("multi-candidate --arms radixflow --url http://127.0.0.1:1 --path select",
      "--path select with --url needs the served model's tokenizer: add --model-path DIR"),
+    ("multi-candidate --router manual", "--router manual with one worker: give --workers N"),
+    ("multi-candidate --workers 0", "--workers 0: must be >= 1"),
+    ("multi-candidate --workers 2 --path fork", "--workers with --path fork: runs through a gateway use the raw path"),
+    ("multi-candidate --workers 2 --url http://127.0.0.1:1", "--workers with --url: the bench starts the workers"),
+    ("multi-candidate --workers 2 --quick --sweep-rates 1,2", "--sweep-rates with --workers: goodput is measured"),
+    ("agent --quick --workers 2 --api chat", "--workers with --api chat: runs through a gateway use --api generate"),
+    ("agent --quick --router round_robin", "--router round_robin with one worker"),
 ])
 def test_bad_bench_options_stop_with_one_line_before_any_work(argv: str, message: str, tmp_path) -> None:
     """What a user sees: `radixflow bench ...: <what was wrong and what is allowed>`, no traceback, nothing written
@@ -173,7 +180,7 @@ def test_server_args_reach_every_arms_server_and_the_report(tmp_path) -> None:
     import json
 
     from sglang_radixflow.bench import runner
-    from sglang_radixflow.bench.report import format_report
+    from sglang_radixflow.bench.report_md import format_report
     from sglang_radixflow.models import MARKER_FILE
 
     model = tmp_path / "qwen3"

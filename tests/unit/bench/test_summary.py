@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from sglang_radixflow.bench import report
+from sglang_radixflow.bench import report, report_md
 
 CONTRACT_ARM_KEYS = {
     "model", "requests", "completed", "errors", "rounds", "prefill_rounds", "rows_per_round", "tokens_per_round",
     "latency_mean_s", "latency_p50_s", "latency_p95_s", "latency_p99_s", "first_selection_wait_mean_s", "reuse_ratio",
     "token_hit_tokens", "state_ready_hit_tokens", "blocked_skips", "avoidable_bubbles", "host_time_s",
     "host_cost_per_round_s", "round_lower_bound", "first_token_agreement", "ttft_mean_s", "ttft_p99_s",
-    "missed_tokens_mean", "missed_tokens_p99",
+    "missed_tokens_mean", "missed_tokens_p99", "workers", "router",
 }
 S, T = 4, 100
 RIDS = ["q00000-b0", "q00000-b1", "q00001-b0", "q00001-b1"]
@@ -160,7 +160,7 @@ def test_report_md_has_a_table_row_per_arm(run_dir: Path) -> None:
         assert f"| {arm} | 4 |" in text
     assert "| prefix-stop | 4 | 3 | 1 | 3 | 3 |" in text
     assert "75.00%" in text  # ideal reuse in every row
-    header = report.TABLE_HEAD
+    header = report_md.TABLE_HEAD
     rows = [line for line in text.splitlines() if line.startswith("| radixflow | 4 |")]
     assert rows and rows[0].count("|") == header.count("|")
     assert "lengths x" not in text  # default document lengths: nothing to say
