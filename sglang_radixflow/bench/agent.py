@@ -8,8 +8,9 @@ instead of reused (prompt_{t-1} + output_{t-1} - 1, minus what was cached, floor
 has KV). Statistics are over return turns (t >= 1): the first turn is cold for every policy.
 Requests carry `session_id = s<seed>-agent-<i>`, which RR-Evict uses as the trajectory identity. Several seeded
 schedules run back to back on one server (cache flushed in between) and the statistics pool them.
-With --workers N each policy also runs on N servers behind SGLang's gateway (bench/fleet.py), the same total KV
-capacity split evenly between them; each turn carries its trajectory as the gateway's routing key.
+With --workers N each policy also runs on N servers behind SGLang's gateway (bench/fleet.py), each with the one
+server's KV pool, serving N times the generated agents and active clients (each worker in the one server's regime);
+each turn carries its trajectory as the gateway's routing key.
 """
 from __future__ import annotations
 
@@ -116,9 +117,13 @@ class AgentBenchOptions:
     def model_dir(self, model: str) -> Path:
         return self.model_path if self.model_path is not None else ensure_model(model, self.models_root)
 
-    def workloads(self) -> list[AgentWorkload]:
-        """One per seed: generated agents, or the file's trajectories under each seed's schedule."""
-        params = [replace(self.params, seed=self.params.seed + i) for i in range(self.seeds)]
+    def workloads(self, fleet: Fleet = Fleet()) -> list[AgentWorkload]:
+        """One per seed: generated agents, or the file's trajectories under each seed's schedule. Behind a gateway
+        of N workers, N times the generated agents, active clients and capacity (a file's trajectories as they are)."""
+        n = fleet.workers
+        base = replace(self.params, agents=self.params.agents * n, active=self.params.active * n,
+                       capacity=self.params.capacity * n) if n > 1 and self.workload_file is None else self.params
+        params = [replace(base, seed=base.seed + i) for i in range(self.seeds)]
         if self.workload_file is None:
             return [make_agent_workload(p) for p in params]
         encode = tokenizer_encode(self.model_dir(self.models[0]))
@@ -126,7 +131,8 @@ class AgentBenchOptions:
 
 
 def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr_block: int = 16,
-                workers: int = 1) -> list[str]:
+                kv_tokens: Optional[int] = None) -> list[str]:
+    """`kv_tokens`: the KV pool (default: the workload's, params.kv_tokens())."""
     # A no_buffer hybrid stores a mamba state only where an extend ends (each chunk of a chunked prefill, and the
     # finish). Whole prompts in one extend would leave the first turn (system + first message, most of a history)
     # as one stateless span: a hybrid path could then only be kept whole or lost whole there. Chunking every
@@ -134,9 +140,7 @@ def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr
     # A turn's extend longer than a chunk leaves a state per chunk, too (long --new-tokens).
     per_turn = -(-(params.new_tokens + params.new_jitter + params.gen_tokens) // chunk)
     states_per_agent = params.turns * per_turn + -(-(params.system_tokens + params.first_tokens) // chunk) + 2
-    # N workers share the one server's capacity m: each holds the system prompt and m / N trajectories
-    kv = params.kv_tokens() if workers == 1 else int(params.system_tokens + (params.kv_tokens() - params.system_tokens)
-                                                      / workers)
+    kv = params.kv_tokens() if kv_tokens is None else kv_tokens
     args = ["--radix-eviction-policy", policy, "--max-total-tokens", str(kv),
             "--max-running-requests", str(params.active), "--chunked-prefill-size", str(chunk),
             # states are not what is scarce here: every chunk / turn may keep one (KV capacity m is the constraint)
@@ -274,10 +278,12 @@ def drive(url: str, w: AgentWorkload, timeout_s: float, log: Log, turns: Optiona
 
 
 def arm_server(model_path: Path, arch: str, policy: str, params: AgentParams, opts: AgentBenchOptions,
-               env: dict[str, str], log_path: Path, workers: int = 1) -> SGLangServer:
-    """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy."""
+               env: dict[str, str], log_path: Path) -> SGLangServer:
+    """The server of one arm (not started): radixflow backend, the policy, the arch's chunk and hybrid strategy, and
+    the one-server KV pool (opts.params') also behind a gateway."""
     chunk = opts.hybrid_chunk if is_hybrid_model(model_path) else DEFAULT_CHUNK
-    args = (server_args(policy, params, chunk, opts.rr_block, workers) + list(opts.extra_server_args)
+    kv = opts.params.kv_tokens() if opts.workload_file is None else None
+    args = (server_args(policy, params, chunk, opts.rr_block, kv) + list(opts.extra_server_args)
             + overlap_flags(opts.overlap_schedule) + (list(CHAT_SERVER_FLAGS) if opts.api == "chat" else []))
     return SGLangServer(str(model_path), radix_cache="radixflow", env=env, log_path=log_path,
                         mamba_strategy=opts.mamba_strategy, extra_args=args)
@@ -299,7 +305,7 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         if opts.server_threads > 0:
             env["OMP_NUM_THREADS"] = str(opts.server_threads)
         servers.append(arm_server(model_path, arch, policy, workloads[0].params, opts, env,
-                                  arm_dir / f"{name}server.log", fleet.workers))
+                                  arm_dir / f"{name}server.log"))
     log(f"  [{arch}/{label}] starting {len(servers)} server(s)" + (" and the gateway" if fleet.gateway else ""))
     gateway: Optional[Gateway] = None
     try:
@@ -331,6 +337,8 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
     write_jsonl(arm_dir / "requests.jsonl", records)
     (arm_dir / "meta.json").write_text(json.dumps(
         {"model": str(model_path), "policy": policy, "label": label, "workers": fleet.workers, "router": fleet.router,
+         "agents": workloads[0].params.agents, "active": workloads[0].params.active,
+         "capacity": workloads[0].params.capacity,
          "wall_s": wall, "first_round": views[0]["first_round"], "worker_runs": views,
          "server_args": command, "idle_leak_reported": leak}, indent=1))
     log(f"  [{arch}/{label}] {len(records)} turns in {wall:.1f}s")
@@ -344,7 +352,7 @@ def _last_round(trace: Path) -> int:
 
 def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
-    workloads = opts.workloads()
+    workloads = opts.workloads()  # the one-server workload (workload.json); gateway runs scale it (workloads())
     (opts.out / "workload.json").write_text(json.dumps(
         {"workload": {**workloads[0].describe(), "rr_block": opts.rr_block, "hybrid_chunk": opts.hybrid_chunk,
                       "hybrid_strategy": opts.mamba_strategy,
@@ -360,6 +368,6 @@ def run(opts: AgentBenchOptions, log: Log = print_progress) -> dict[str, Any]:
         model_path = opts.model_dir(arch)
         for policy in opts.policies:
             for fleet in opts.fleets():
-                run_arm(model_path, arch, policy, workloads, opts, log, fleet)
+                run_arm(model_path, arch, policy, opts.workloads(fleet), opts, log, fleet)
                 assert not live_servers(), live_servers()
     return write_report(opts.out)

@@ -101,7 +101,7 @@ def build_summary(out: Path) -> dict[str, Any]:
                 first = int(view.get("first_round", -1))
                 rounds += [r for r in trace if r.get("kind") == "round" and int(r["round"]) > first]
                 reqs += [r for r in request_records(trace) if not str(r.get("rid", "")).startswith("warmup")]
-            cap = float(workload["workload"]["capacity"])
+            cap = float(meta.get("capacity") or workload["workload"]["capacity"])  # a gateway run's own (scaled)
             recs = [{**r, "in_regime": r.get("live", 0) > cap} for r in read_jsonl(d / "requests.jsonl")]
             arm = arm_summary(arch, arm_of(label)[0], recs, rounds, reqs)
             arm.update(label=label, workers=meta.get("workers", 1), router=meta.get("router", "none"))

@@ -123,11 +123,14 @@ def test_agent_summary_compares_rr_with_lru_behind_the_same_gateway(tmp_path: Pa
     assert f"| rr | {W0} | 6 | 2 | 0 | 100.0 |" in md
 
 
-def test_agent_workers_share_one_servers_kv_capacity() -> None:
-    p = AgentParams(**agent_cli.QUICK)
-    one = agent.server_args("lru", p)
-    two = agent.server_args("lru", p, workers=2)
-    kv = lambda args: int(args[args.index("--max-total-tokens") + 1])  # noqa: E731
-    assert kv(one) == p.kv_tokens()
-    # each of 2 workers: the system prompt and half of the trajectories
-    assert kv(two) == int(p.system_tokens + (p.kv_tokens() - p.system_tokens) / 2)
+def test_agent_gateway_runs_serve_n_times_the_agents_each_worker_with_one_servers_pool(tmp_path: Path) -> None:
+    opts = agent.AgentBenchOptions(out=tmp_path, params=AgentParams(**agent_cli.QUICK), models=("qwen3",))
+    one, two = opts.workloads()[0].params, opts.workloads(Fleet(2, "manual"))[0].params
+    assert (two.agents, two.active, two.capacity) == (2 * one.agents, 2 * one.active, 2 * one.capacity)
+    assert len(opts.workloads(Fleet(2, "manual"))[0].agents) == 2 * len(opts.workloads()[0].agents)
+    kv = lambda server: int(server.extra_args[server.extra_args.index("--max-total-tokens") + 1])  # noqa: E731
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    for params in (one, two):  # each worker: the one server's pool, whatever it serves
+        assert kv(agent.arm_server(model, "qwen3", "rr", params, opts, {}, tmp_path / "log")) == one.kv_tokens()
