@@ -108,8 +108,12 @@ def start_all(servers: Sequence[SGLangServer]) -> None:
     threads = [threading.Thread(target=start, args=(s,), daemon=True) for s in servers]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    finally:  # SIGTERM while waiting: each start still ends (launched or not) before the caller stops them all
+        for t in threads:
+            t.join()
     if errors:
         raise errors[0]
 

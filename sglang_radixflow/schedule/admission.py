@@ -8,6 +8,12 @@ Release (scan now) as soon as ANY holds (`flex`):
   (4) the oldest held request has waited `hold_ms`.
 `timer` (the Timer5 / Timer10 controls) releases only on (4). A request never waits for its siblings: the deadline
 runs from the oldest arrival. With tensor parallelism the release is decided once (rank 0) and broadcast.
+
+A hold pays off only where requests that share a prefix nobody has computed yet arrive together: the pass after it
+then plans a producer (or defers a consumer, or adopts an in-flight request). In `flex` mode, after QUIET_AFTER holds
+in a row whose pass did none of that, the gate holds one idle arrival in PROBE_EVERY (to notice sibling traffic
+again) and scans the others at once: traffic that shares nothing stops paying the hold. Any pass that shares again
+makes every idle arrival held again.
 """
 from __future__ import annotations
 
@@ -16,6 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from sglang_radixflow.schedule.producers import namespace_of, request_tokens
+
+QUIET_AFTER = 4  # holds in a row whose pass shared nothing before the gate stops holding
+PROBE_EVERY = 8  # once quiet: one idle arrival in this many is still held
+QUIET = "holds gather nobody"
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,9 @@ class AdmissionGate:
         self._holding = False
         self.holds = 0  # scheduler steps that held arrivals (the shared decision, see settle)
         self.releases: dict[str, int] = {}  # why holds ended (this rank's reason)
+        self.barren_holds = 0  # holds in a row (up to now) whose pass shared nothing
+        self._judging = False  # a hold just ended: the next pass says whether it gathered anything
+        self.quiet_arrivals = 0  # idle arrivals since holds gathered nobody: scanned at once, or held as a probe
 
     def forget_demands(self) -> None:
         """A round ran: the tree changed, so cached demands are stale."""
@@ -63,6 +76,8 @@ class AdmissionGate:
             return HoldDecision(True, "hold")
         if token_budget is not None and self._demand_fills(waiting, token_budget):
             return HoldDecision(False, "tokens full")
+        if not self._holding and self.barren_holds >= QUIET_AFTER and (self.quiet_arrivals + 1) % PROBE_EVERY:
+            return HoldDecision(False, QUIET)
         return HoldDecision(True, "hold")
 
     def _demand_fills(self, waiting: list[Any], token_budget: int) -> bool:
@@ -80,11 +95,23 @@ class AdmissionGate:
 
     def settle(self, decision: HoldDecision, hold: bool) -> bool:
         """Count what the scheduler does: `hold` is the decision all TP ranks share (rank 0's), `decision` this
-        rank's own. Returns `hold`."""
+        rank's own (only rank 0's is used, so the quiet count need only be right there). Returns `hold`."""
         if hold:
             self.holds += 1
         elif self._holding:
             reason = "rank 0" if decision.hold else decision.reason  # this rank would have held on
             self.releases[reason] = self.releases.get(reason, 0) + 1
+            self._judging = True
+        if self.barren_holds >= QUIET_AFTER and not self._holding and (hold or decision.reason == QUIET):
+            self.quiet_arrivals += 1
         self._holding = hold
         return hold
+
+    def note_pass(self, shared: bool) -> None:
+        """A prefill pass ran: `shared` if it planned a producer, deferred a consumer or adopted an in-flight
+        request (siblings were waiting together). The same on every TP rank."""
+        if shared:
+            self.barren_holds = 0
+        elif self._judging:
+            self.barren_holds += 1
+        self._judging = False

@@ -95,6 +95,8 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
         if queue is not None:
             holds.uninstall(scheduler, queue)
         stats = sched.end_pass(scheduler.waiting_queue)
+    if stats is not None:  # whether the holds gather siblings (schedule/admission.py)
+        sched.gate.note_pass(bool(stats.producers or stats.prefix_requests or stats.adopted or stats.blocked_skips))
     new_batch = result[0] if isinstance(result, tuple) else None
     if stats is not None and new_batch is not None:
         sched.pending_pass = (new_batch, stats, rows, tokens, scheduler.waiting_queue)

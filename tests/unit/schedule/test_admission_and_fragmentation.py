@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sglang_radixflow.schedule.admission import AdmissionGate
+from sglang_radixflow.schedule.admission import PROBE_EVERY, QUIET_AFTER, AdmissionGate
 from tests.unit.cache.helpers import FULL
 from tests.unit.schedule.harness import PassHarness, make_request
 
@@ -77,6 +77,41 @@ def test_counts_follow_the_shared_decision_not_this_ranks_own() -> None:
     own = g.decide(waiting=w, worker_busy=False, row_budget=8, token_budget=4096, now=10.001)
     assert not g.settle(own, False)  # rank 0 released while this rank would have held on
     assert (g.holds, g.releases) == (1, {"rank 0": 1})
+
+
+def _arrival_scanned_at_once(g: AdmissionGate, rid: str, now: float, shared: bool = False) -> bool:
+    """One idle arrival through the gate: held until its deadline, or scanned at once (the gate's last word); then
+    the pass that takes it, which shares (plans a producer, ...) or not."""
+    req = _req(rid, 64, now)
+    first = g.decide(waiting=[req], worker_busy=False, row_budget=8, token_budget=4096, now=now)
+    held = g.settle(first, first.hold)
+    if held:
+        late = g.decide(waiting=[req], worker_busy=False, row_budget=8, token_budget=4096, now=now + 0.006)
+        assert not g.settle(late, late.hold)
+    g.note_pass(shared)
+    return not held
+
+
+def test_holds_that_gather_nobody_stop_and_a_probe_in_eight_still_holds() -> None:
+    g = gate("flex")
+    at_once = [_arrival_scanned_at_once(g, f"r{i}", 10.0 + i) for i in range(QUIET_AFTER + 2 * PROBE_EVERY)]
+    # QUIET_AFTER lone arrivals held in vain, then one held in PROBE_EVERY (each probe gathers nobody either)
+    assert at_once[:QUIET_AFTER] == [False] * QUIET_AFTER
+    quiet = at_once[QUIET_AFTER:]
+    assert quiet.count(False) == 2 and quiet[PROBE_EVERY - 1] is False and quiet[-1] is False
+    assert g.holds == QUIET_AFTER + 2
+
+
+def test_a_pass_that_shares_makes_every_idle_arrival_held_again() -> None:
+    g = gate("flex")
+    for i in range(QUIET_AFTER):
+        _arrival_scanned_at_once(g, f"r{i}", 10.0 + i)
+    assert g.barren_holds == QUIET_AFTER
+    assert _arrival_scanned_at_once(g, "siblings", 20.0, shared=True)  # scanned at once; its pass planned a producer
+    assert g.barren_holds == 0
+    assert not _arrival_scanned_at_once(g, "next", 30.0)  # held again
+    # a hold whose pass shared resets the count too; one that did not adds to it
+    assert (g.barren_holds, _arrival_scanned_at_once(g, "group", 40.0, shared=True), g.barren_holds) == (1, False, 0)
 
 
 def _fragment_queue():  # noqa: ANN202
