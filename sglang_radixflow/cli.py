@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from sglang_radixflow.bench.server import attach_option_values, stop_servers_on_sigterm
 
-    args = build_parser().parse_args(attach_option_values(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(attach_option_values(sys.argv[1:] if argv is None else argv,
+                                                         ("--server-args", "--router-args")))
 
     stop_servers_on_sigterm()
     return int(args.func(args) or 0)

@@ -313,7 +313,8 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         for server in servers:
             stream_generate(server.url, [5 + i for i in range(64)], 2, "warmup", "warmup", opts.request_timeout_s)
         if fleet.gateway:
-            gateway = Gateway([s.url for s in servers], fleet.router, arm_dir / "gateway.log").start()
+            gateway = Gateway([s.url for s in servers], fleet.router, arm_dir / "gateway.log",
+                              fleet.router_args).start()
         url = gateway.url if gateway is not None else servers[0].url
         views = [{"url": s.url, "log": f"{n}server.log", "trace": f"{n}trace.jsonl",
                   "first_round": _last_round(Path(s.env["RADIXFLOW_TRACE"]))} for n, s in zip(names, servers)]
@@ -329,6 +330,7 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         time.sleep(1.0)  # let the idle memory check run once
         leak = any("memory leak detected" in s.log_text() for s in servers)
         command = servers[0].command()
+        gateway_command = gateway.launched[1:] if gateway is not None else None
     finally:
         if gateway is not None:
             gateway.stop()
@@ -339,7 +341,7 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         {"model": str(model_path), "policy": policy, "label": label, "workers": fleet.workers, "router": fleet.router,
          "agents": workloads[0].params.agents, "active": workloads[0].params.active,
          "capacity": workloads[0].params.capacity,
-         "wall_s": wall, "first_round": views[0]["first_round"], "worker_runs": views,
+         "gateway_command": gateway_command, "wall_s": wall, "first_round": views[0]["first_round"], "worker_runs": views,
          "server_args": command, "idle_leak_reported": leak}, indent=1))
     log(f"  [{arch}/{label}] {len(records)} turns in {wall:.1f}s")
 

@@ -8,6 +8,7 @@ prefill rounds, tokens computed) is what the report adds.
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 import time
 from dataclasses import dataclass
@@ -25,14 +26,16 @@ SETTLE_S = 1.0  # as bench/runner.py: SGLang logs a batch after streaming its ou
 class Fleet:
     workers: int = 1
     router: str = "none"  # `none`: one server, no gateway
+    router_args: tuple[str, ...] = ()  # extra `smg launch` flags
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"--workers {self.workers}: must be >= 1")
         if self.workers > 1:
             check_router(self.router)
-        elif self.router != "none":
-            raise ValueError(f"--router {self.router} with one worker: give --workers N (N >= 2) for a gateway")
+        elif self.router != "none" or self.router_args:
+            what = f"--router {self.router}" if self.router != "none" else "--router-args"
+            raise ValueError(f"{what} with one worker: give --workers N (N >= 2) for a gateway")
 
     @property
     def gateway(self) -> bool:
@@ -66,7 +69,8 @@ def run_fleet(fleet: Fleet, label: str, out_dir: Path, run: dict[str, Any],
     try:
         t0 = time.perf_counter()
         start_all(workers)
-        gateway = Gateway([w.url for w in workers], fleet.router, out_dir / f"{label}.gateway.log").start()
+        gateway = Gateway([w.url for w in workers], fleet.router, out_dir / f"{label}.gateway.log",
+                          fleet.router_args).start()
         log(f"[{label}] {fleet.workers} workers and the gateway ({fleet.router}) up in {time.perf_counter() - t0:.0f}s "
             f"on {gateway.url}; warming up each worker")
         for w in workers:
@@ -74,7 +78,7 @@ def run_fleet(fleet: Fleet, label: str, out_dir: Path, run: dict[str, Any],
         time.sleep(SETTLE_S)
         run.update({
             "workers": fleet.workers, "router": fleet.router, "command": workers[0].command(), "env": dict(workers[0].env),
-            "gateway": {"url": gateway.url, "command": gateway.command()[1:], "smg_version": smg_version()},
+            "gateway": {"url": gateway.url, "command": gateway.launched[1:], "smg_version": smg_version()},
             "worker_runs": [worker_view(w, last_round) for w in workers],
             "loadavg_start": os.getloadavg()[0],
         })
@@ -176,12 +180,18 @@ def add_fleet_arguments(parser: Any) -> None:
                         help="the gateway's routing policy with --workers N (default: cache_aware); requests carry "
                              "their document's (multi-candidate) or trajectory's (agent) X-SMG-Routing-Key, which "
                              "`manual` routes by")
+    parser.add_argument("--router-args", default="",
+                        help="extra `smg launch` flags, shell-quoted, e.g. \"--cache-threshold 0.5\" (with --router "
+                             "manual the bench already adds --assignment-mode min_group)")
     parser.add_argument("--no-reference", action="store_true",
                         help="with --workers N: skip each arm's one-server reference run")
 
 
 def fleet_from_args(args: Any) -> Fleet:
-    """ValueError for --router without a gateway (--workers 1)."""
-    if args.workers > 1:
-        return Fleet(args.workers, args.router or "cache_aware")
-    return Fleet(args.workers, args.router or "none")
+    """ValueError for --router or --router-args without a gateway (--workers 1)."""
+    try:
+        extra = tuple(shlex.split(args.router_args))
+    except ValueError as err:
+        raise ValueError(f"--router-args {args.router_args!r}: {err}") from None
+    router = args.router or ("cache_aware" if args.workers > 1 else "none")
+    return Fleet(args.workers, router, extra)

@@ -29,6 +29,9 @@ from sglang_radixflow.bench.server import SERVER_CWD, ServerError, free_port, re
 TESTED_SMG_VERSION = "1.13.0"
 # smg's routing policies the benches offer (smg has more; these are the ones measured here).
 ROUTERS: tuple[str, ...] = ("cache_aware", "round_robin", "power_of_two", "manual")
+# smg flags the benches add per policy: `manual` pins each new routing key to the worker holding the fewest keys
+# (smg's default for it, `random`, left one worker of two with 29 of 48 agent trajectories).
+POLICY_ARGS: dict[str, tuple[str, ...]] = {"manual": ("--assignment-mode", "min_group")}
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 
@@ -58,15 +61,17 @@ def smg_version() -> Optional[str]:
 class Gateway:
     """One `smg launch` process group routing to `worker_urls` with `policy`. Use as a context manager."""
 
-    def __init__(self, worker_urls: Sequence[str], policy: str, log_path: Path,
+    def __init__(self, worker_urls: Sequence[str], policy: str, log_path: Path, extra_args: Sequence[str] = (),
                  startup_timeout_s: float = 120.0) -> None:
         check_router(policy)
         self.worker_urls = list(worker_urls)
         self.policy = policy
+        self.extra_args = [*POLICY_ARGS.get(policy, ()), *extra_args]  # later flags win (argparse)
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
         self.proc: Optional[subprocess.Popen] = None
+        self.launched: list[str] = []  # the command line it was started with
 
     @property
     def url(self) -> str:
@@ -75,13 +80,15 @@ class Gateway:
     def command(self) -> list[str]:
         # Its metrics port too: smg's default (29000) would clash between two gateways and with SGLang's own ports.
         return [smg_executable(), "launch", "--worker-urls", *self.worker_urls, "--policy", self.policy,
-                "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port())]
+                "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port()),
+                *self.extra_args]
 
     def start(self) -> "Gateway":
         assert self.proc is None, "already started"
         self.port = free_port()
+        self.launched = self.command()
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=SERVER_CWD,
+            self.proc = subprocess.Popen(self.launched, stdout=log, stderr=subprocess.STDOUT, cwd=SERVER_CWD,
                                          start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
         register_group(self.proc.pid)
         try:

@@ -27,6 +27,15 @@ def test_labels_name_the_arm_the_workers_and_the_router() -> None:
         Fleet(2, "nearest")
 
 
+def test_manual_routing_balances_new_keys_and_router_args_come_last(tmp_path: Path) -> None:
+    manual = gateway.Gateway(["http://w0", "http://w1"], "manual", tmp_path / "g.log", ("--assignment-mode", "random"))
+    cmd = manual.command()
+    assert cmd[cmd.index("--policy") + 1] == "manual"
+    # the bench's min_group first, the user's own flags after it (smg keeps the last)
+    assert cmd[-4:] == ["--assignment-mode", "min_group", "--assignment-mode", "random"]
+    assert "--assignment-mode" not in gateway.Gateway(["http://w0"], "cache_aware", tmp_path / "g.log").command()
+
+
 def test_missing_gateway_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -85,6 +85,7 @@ def test_budget_flags() -> None:
     ("multi-candidate --workers 2 --quick --sweep-rates 1,2", "--sweep-rates with --workers: goodput is measured"),
     ("agent --quick --workers 2 --api chat", "--workers with --api chat: runs through a gateway use --api generate"),
     ("agent --quick --router round_robin", "--router round_robin with one worker"),
+    ("multi-candidate --router-args --cache-threshold=0.5", "--router-args with one worker"),
 ])
 def test_bad_bench_options_stop_with_one_line_before_any_work(argv: str, message: str, tmp_path) -> None:
     """What a user sees: `radixflow bench ...: <what was wrong and what is allowed>`, no traceback, nothing written
