@@ -341,7 +341,8 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
         {"model": str(model_path), "policy": policy, "label": label, "workers": fleet.workers, "router": fleet.router,
          "agents": workloads[0].params.agents, "active": workloads[0].params.active,
          "capacity": workloads[0].params.capacity,
-         "gateway_command": gateway_command, "wall_s": wall, "first_round": views[0]["first_round"], "worker_runs": views,
+         "gateway_command": gateway_command, "wall_s": wall, "first_round": views[0]["first_round"],
+         "worker_runs": views,
          "server_args": command, "idle_leak_reported": leak}, indent=1))
     log(f"  [{arch}/{label}] {len(records)} turns in {wall:.1f}s")
 

@@ -103,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                    help=HYBRID_STRATEGY_HELP + " (default: %(default)s)")
     add_overlap_argument(p)
-    add_fleet_arguments(p)
+    add_fleet_arguments(p, "manual")  # agents: by trajectory (cache_aware pins them to one worker)
 
 
 def params_from_args(args: argparse.Namespace) -> AgentParams:

@@ -77,7 +77,8 @@ def run_fleet(fleet: Fleet, label: str, out_dir: Path, run: dict[str, Any],
             warm_up(w.url)
         time.sleep(SETTLE_S)
         run.update({
-            "workers": fleet.workers, "router": fleet.router, "command": workers[0].command(), "env": dict(workers[0].env),
+            "workers": fleet.workers, "router": fleet.router, "command": workers[0].command(),
+            "env": dict(workers[0].env),
             "gateway": {"url": gateway.url, "command": gateway.launched[1:], "smg_version": smg_version()},
             "worker_runs": [worker_view(w, last_round) for w in workers],
             "loadavg_start": os.getloadavg()[0],
@@ -169,17 +170,19 @@ SPLIT_HEAD = ("| run | worker | requests | errors | prefill rounds | computed / 
               "|---|---|---|---|---|---|---|")
 
 
-def add_fleet_arguments(parser: Any) -> None:
-    """--workers, --router, --no-reference of the benches."""
+def add_fleet_arguments(parser: Any, default_router: str) -> None:
+    """--workers, --router, --router-args, --no-reference of the benches. `default_router`: the gateway policy that
+    suits the bench's traffic (cache_aware for documents; manual, by trajectory, for agents: docs/measurements.md)."""
     from sglang_radixflow.bench.gateway import ROUTERS, TESTED_SMG_VERSION
 
     parser.add_argument("--workers", type=int, default=1,
                         help="servers per arm (default 1); N >= 2 starts N workers behind SGLang's gateway `smg` "
                              f"(pip install -e \".[scale]\": smg {TESTED_SMG_VERSION}) and reports each worker's share")
+    parser.set_defaults(default_router=default_router)
     parser.add_argument("--router", choices=ROUTERS, default=None,
-                        help="the gateway's routing policy with --workers N (default: cache_aware); requests carry "
-                             "their document's (multi-candidate) or trajectory's (agent) X-SMG-Routing-Key, which "
-                             "`manual` routes by")
+                        help=f"the gateway's routing policy with --workers N (default: {default_router}); "
+                             "requests carry their document's (multi-candidate) or trajectory's (agent) "
+                             "X-SMG-Routing-Key, which `manual` routes by")
     parser.add_argument("--router-args", default="",
                         help="extra `smg launch` flags, shell-quoted, e.g. \"--cache-threshold 0.5\" (with --router "
                              "manual the bench already adds --assignment-mode min_group)")
@@ -193,5 +196,5 @@ def fleet_from_args(args: Any) -> Fleet:
         extra = tuple(shlex.split(args.router_args))
     except ValueError as err:
         raise ValueError(f"--router-args {args.router_args!r}: {err}") from None
-    router = args.router or ("cache_aware" if args.workers > 1 else "none")
+    router = args.router or (args.default_router if args.workers > 1 else "none")
     return Fleet(args.workers, router, extra)

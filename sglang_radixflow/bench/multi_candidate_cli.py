@@ -91,7 +91,7 @@ def add_arguments(parser: Any) -> None:
                         help="measure servers that are already running, comma separated, one per arm in --arms "
                              "order (e.g. --arms sglang,radixflow --url http://h:30000,http://h:30001); nothing is "
                              "started, budgets are read from each server's /server_info")
-    add_fleet_arguments(parser)
+    add_fleet_arguments(parser, "cache_aware")
     parser.add_argument("--workload", default=None,
                         help="your own questions instead of the generated ones: a JSONL file, one "
                              '{"context": ..., "candidates": [...]} per line, text or token ids '

@@ -14,6 +14,16 @@ def _opts(argv: str):
     return options_from_args(build_parser().parse_args(["bench", "multi-candidate", *argv.split()]))
 
 
+def test_each_bench_routes_by_default_what_suits_its_traffic() -> None:
+    from sglang_radixflow.bench import agent_cli
+
+    assert _opts("--out x --workers 2").fleet.router == "cache_aware"  # documents: prefix-aware routing
+    agent_args = build_parser().parse_args(["bench", "agent", "--out", "x", "--quick", "--workers", "2"])
+    assert agent_cli.options_from_args(agent_args).fleet.router == "manual"  # agents: pinned by trajectory
+    assert _opts("--out x").fleet.router == "none"
+    assert _opts("--out x --workers 2 --router manual").fleet.router == "manual"
+
+
 def test_quick_fixes_budgets_and_size() -> None:
     o = _opts("--out x --quick")
     assert o.quick and o.budgets == QUICK_BUDGETS and o.workload.questions == 16
