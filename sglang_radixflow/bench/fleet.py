@@ -57,7 +57,7 @@ def run_fleet(fleet: Fleet, label: str, out_dir: Path, run: dict[str, Any],
               warm_up: Callable[[str], None], send: Callable[[str], list[dict[str, Any]]],
               last_round: Callable[[Optional[Path]], int], log: Log) -> list[dict[str, Any]]:
     """Start the workers and the gateway, warm every worker directly (the gateway's first picks must not find one
-    cold), send the workload through the gateway, stop everything (also on error or SIGTERM). Fills `run` with the
+    cold) and then the gateway, send the workload through the gateway, stop everything (also on error or SIGTERM). Fills `run` with the
     gateway's and each worker's files and log offsets; returns the request records."""
     workers = []
     for i in range(fleet.workers):
@@ -72,9 +72,12 @@ def run_fleet(fleet: Fleet, label: str, out_dir: Path, run: dict[str, Any],
         gateway = Gateway([w.url for w in workers], fleet.router, out_dir / f"{label}.gateway.log",
                           fleet.router_args).start()
         log(f"[{label}] {fleet.workers} workers and the gateway ({fleet.router}) up in {time.perf_counter() - t0:.0f}s "
-            f"on {gateway.url}; warming up each worker")
+            f"on {gateway.url}; warming up each worker, then the gateway")
         for w in workers:
             warm_up(w.url)
+        # The gateway's first requests are slow (its own lazy set-up): unwarmed, a question's siblings reached the
+        # worker more than a 5 ms admission hold apart, and the first one ran alone.
+        warm_up(gateway.url)
         time.sleep(SETTLE_S)
         run.update({
             "workers": fleet.workers, "router": fleet.router, "command": workers[0].command(),
