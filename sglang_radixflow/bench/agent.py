@@ -56,6 +56,7 @@ OWNED_SERVER_FLAGS: tuple[str, ...] = (
     "--model-path", "--host", "--port",
 )
 DEFAULT_CHUNK = 4096
+WARMUP_PROMPT: tuple[int, ...] = tuple(5 + i for i in range(64))  # shares no token with the workload
 
 @dataclass(frozen=True)
 class AgentBenchOptions:
@@ -311,12 +312,12 @@ def run_arm(model_path: Path, arch: str, policy: str, workloads: Sequence[AgentW
     try:
         start_all(servers)
         for server in servers:
-            stream_generate(server.url, [5 + i for i in range(64)], 2, "warmup", "warmup", opts.request_timeout_s)
+            stream_generate(server.url, WARMUP_PROMPT, 2, "warmup", "warmup", opts.request_timeout_s)
         if fleet.gateway:
             gateway = Gateway([s.url for s in servers], fleet.router, arm_dir / "gateway.log",
                               fleet.router_args).start()
             # its own first requests are slow (lazy set-up): not in the measured turns
-            stream_generate(gateway.url, [5 + i for i in range(64)], 2, "warmup", "warmup", opts.request_timeout_s)
+            stream_generate(gateway.url, WARMUP_PROMPT, 2, "warmup", "warmup", opts.request_timeout_s)
         url = gateway.url if gateway is not None else servers[0].url
         views = [{"url": s.url, "log": f"{n}server.log", "trace": f"{n}trace.jsonl",
                   "first_round": _last_round(Path(s.env["RADIXFLOW_TRACE"]))} for n, s in zip(names, servers)]

@@ -19,7 +19,7 @@ from sglang_radixflow.bench.gateway import Gateway, check_router, smg_version
 from sglang_radixflow.bench.progress import Log
 from sglang_radixflow.bench.server import SGLangServer
 
-SETTLE_S = 1.0  # as bench/runner.py: SGLang logs a batch after streaming its outputs
+SETTLE_S = 1.0  # SGLang writes a batch's log line after streaming its outputs: let it land before taking offsets
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from sglang_radixflow.bench import remote, report
-from sglang_radixflow.bench.fleet import Fleet, run_fleet
+from sglang_radixflow.bench.fleet import SETTLE_S, Fleet, run_fleet
 from sglang_radixflow.bench.client import OpenLoopClient, RequestRecord, post_generate
 from sglang_radixflow.bench.frontend import (
     FRONTEND_PATHS, FrontendClient, TextQuestion, frontend_ideal_reuse, text_questions, word_lexicon,
@@ -210,7 +210,6 @@ def _progress(tag: str, log: Log, total: int) -> Callable[[RequestRecord, int, i
     return on_done
 
 
-SETTLE_S = 1.0  # SGLang writes a batch's log line after streaming its outputs: let it land before taking offsets
 
 
 def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request], S: int, T: int, opts: BenchOptions,
