@@ -8,7 +8,8 @@ workers (it polls `/get_load`, which 0.5.23 no longer serves).
 What the benches rely on, checked at start or per response:
 - `GET /workers` lists every worker once it is registered (its `/health` answers OK before that, with no worker);
 - each response names the worker that served it in the `x-smg-routed-worker-id` header (the per-worker split);
-- `manual` routes by the `X-SMG-Routing-Key` header (the benches key a document or a trajectory with it).
+- `manual` and `sticky_round_robin` route by the `X-SMG-Routing-Key` header (the benches key a document or a
+  trajectory with it).
 """
 from __future__ import annotations
 
@@ -27,11 +28,16 @@ from typing import Optional, Sequence
 from sglang_radixflow.bench.server import SERVER_CWD, ServerError, free_port, register_group, stop_group
 
 TESTED_SMG_VERSION = "1.13.0"
-# smg's routing policies the benches offer (smg has more; these are the ones measured here).
-ROUTERS: tuple[str, ...] = ("cache_aware", "round_robin", "power_of_two", "manual")
-# smg flags the benches add per policy: `manual` pins each new routing key to the worker holding the fewest keys
-# (smg's default for it, `random`, left one worker of two with 29 of 48 agent trajectories).
-POLICY_ARGS: dict[str, tuple[str, ...]] = {"manual": ("--assignment-mode", "min_group")}
+# smg's routing policies the benches offer (smg has more; these are the ones measured here), and one setting of its
+# own: `sticky_round_robin` deals each new routing key to the next worker in turn and pins it there.
+ROUTERS: tuple[str, ...] = ("cache_aware", "round_robin", "power_of_two", "manual", "sticky_round_robin")
+# What each is launched with: (smg's --policy, flags the benches add). `manual` pins a new key to the worker holding
+# the fewest keys (smg's default, `random`, left one worker of two with 29 of 48 agent trajectories; min_group still
+# split 24 keys sent one by one 13 / 11); sticky sessions over round robin split them 12 / 12.
+POLICY_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "manual": ("manual", ("--assignment-mode", "min_group")),
+    "sticky_round_robin": ("round_robin", ("--sticky-sessions",)),
+}
 ROUTED_WORKER_HEADER = "x-smg-routed-worker-id"
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 
@@ -66,7 +72,8 @@ class Gateway:
         check_router(policy)
         self.worker_urls = list(worker_urls)
         self.policy = policy
-        self.extra_args = [*POLICY_ARGS.get(policy, ()), *extra_args]  # later flags win (argparse)
+        self.smg_policy, flags = POLICY_FLAGS.get(policy, (policy, ()))
+        self.extra_args = [*flags, *extra_args]  # later flags win (argparse)
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
@@ -79,7 +86,7 @@ class Gateway:
 
     def command(self) -> list[str]:
         # Its metrics port too: smg's default (29000) would clash between two gateways and with SGLang's own ports.
-        return [smg_executable(), "launch", "--worker-urls", *self.worker_urls, "--policy", self.policy,
+        return [smg_executable(), "launch", "--worker-urls", *self.worker_urls, "--policy", self.smg_policy,
                 "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port()),
                 *self.extra_args]
 
