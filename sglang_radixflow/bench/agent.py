@@ -158,7 +158,7 @@ def server_args(policy: str, params: AgentParams, chunk: int = DEFAULT_CHUNK, rr
 def stream_generate(url: str, input_ids: Sequence[int], max_new_tokens: int, session: str, rid: str,
                     timeout_s: float) -> tuple[float, float, dict[str, Any]]:
     """(ttft_s, latency_s, last chunk) of one streamed /generate; through a gateway the last chunk's `worker` is the
-    worker it names. The trajectory is the routing key (only the gateway's `manual` policy reads it)."""
+    worker it names. The trajectory is the routing key (the gateway's `manual` and sticky sessions read it)."""
     payload = {"input_ids": list(input_ids), "rid": rid, "session_id": session, "stream": True, "routing_key": session,
                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}}
     req = urllib.request.Request(url + "/generate", data=json.dumps(payload).encode(),

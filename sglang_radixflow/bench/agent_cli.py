@@ -103,7 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid-strategy", choices=tuple(HYBRID_STRATEGY_FLAGS), default="no_buffer",
                    help=HYBRID_STRATEGY_HELP + " (default: %(default)s)")
     add_overlap_argument(p)
-    add_fleet_arguments(p, "manual")  # agents: by trajectory (cache_aware pins them to one worker)
+    # agents: by trajectory, new ones dealt in turn (cache_aware pins them all to the system prompt's worker)
+    add_fleet_arguments(p, "sticky_round_robin")
 
 
 def params_from_args(args: argparse.Namespace) -> AgentParams:

@@ -175,7 +175,8 @@ SPLIT_HEAD = ("| run | worker | requests | errors | prefill rounds | computed / 
 
 def add_fleet_arguments(parser: Any, default_router: str) -> None:
     """--workers, --router, --router-args, --no-reference of the benches. `default_router`: the gateway policy that
-    suits the bench's traffic (cache_aware for documents; manual, by trajectory, for agents: docs/measurements.md)."""
+    suits the bench's traffic (cache_aware for documents; sticky_round_robin, by trajectory, for agents:
+    docs/measurements.md)."""
     from sglang_radixflow.bench.gateway import ROUTERS, TESTED_SMG_VERSION
 
     parser.add_argument("--workers", type=int, default=1,
@@ -185,7 +186,8 @@ def add_fleet_arguments(parser: Any, default_router: str) -> None:
     parser.add_argument("--router", choices=ROUTERS, default=None,
                         help=f"the gateway's routing policy with --workers N (default: {default_router}); "
                              "requests carry their document's (multi-candidate) or trajectory's (agent) "
-                             "X-SMG-Routing-Key, which `manual` routes by")
+                             "X-SMG-Routing-Key, which `manual` and `sticky_round_robin` (smg's round_robin with "
+                             "--sticky-sessions) route by")
     parser.add_argument("--router-args", default="",
                         help="extra `smg launch` flags, shell-quoted, e.g. \"--cache-threshold 0.5\" (with --router "
                              "manual the bench already adds --assignment-mode min_group)")

@@ -67,3 +67,30 @@ def test_siblings_share_one_workers_producer_and_answer_as_native_does(
             got = native.post("/generate", {"input_ids": list(req.input_ids),
                                             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
             assert got["output_ids"] == answers[req.rid], req.rid
+
+
+def test_agent_trajectories_are_dealt_evenly_and_stay_on_their_worker(
+        tmp_path: Path, model_dirs: dict[str, Path]) -> None:
+    """`radixflow bench agent --workers 2` routes by trajectory by default (smg's round_robin with sticky sessions,
+    keyed by X-SMG-Routing-Key): new trajectories alternate between the workers, every later turn returns to the
+    worker that holds the trajectory's history, and each worker serves as many as one server would."""
+    out = tmp_path / "agents"
+    before = set(live_servers())
+    assert cli.main(["bench", "agent", "--quick", "--models", "nemotron_h", "--policies", "rr", "--seeds", "1",
+                     "--turns", "3", "--workers", "2", "--no-reference", "--out", str(out),
+                     "--models-root", str(model_dirs["nemotron_h"].parent)]) == 0
+    assert set(live_servers()) == before
+
+    label = "rr@2xsticky_round_robin"
+    summary = json.loads((out / "summary.json").read_text())
+    arm = summary["arms"][f"nemotron_h/{label}"]
+    assert (arm["workers"], arm["router"], arm["errors"]) == (2, "sticky_round_robin", 0)
+    records = read_jsonl(out / "nemotron_h" / label / "requests.jsonl")
+    workers_of: dict[int, set[str]] = defaultdict(set)
+    for r in records:
+        workers_of[r["agent"]].add(r["worker"])
+    assert all(len(w) == 1 for w in workers_of.values()), dict(workers_of)  # sticky: one worker per trajectory
+    agents = summary["workload"]["agents"]  # one server's agents; the gateway run serves twice as many
+    assert len(workers_of) == 2 * agents
+    assert sorted(w["agents"] for w in arm["per_worker"]) == [agents, agents]
+    assert arm["idle_leak_reported"] is False

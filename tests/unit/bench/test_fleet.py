@@ -23,7 +23,8 @@ def test_labels_name_the_arm_the_workers_and_the_router() -> None:
     assert fleet.label("radixflow") == "radixflow@2xcache_aware" and fleet.gateway
     assert arm_of("radixflow@2xcache_aware") == ("radixflow", "@2xcache_aware")
     assert arm_of("prefix-stop") == ("prefix-stop", "")
-    with pytest.raises(ValueError, match="--router nearest; allowed: cache_aware, round_robin, power_of_two, manual"):
+    allowed = "cache_aware, round_robin, power_of_two, manual, sticky_round_robin"
+    with pytest.raises(ValueError, match=f"--router nearest; allowed: {allowed}"):
         Fleet(2, "nearest")
 
 
@@ -34,6 +35,14 @@ def test_manual_routing_balances_new_keys_and_router_args_come_last(tmp_path: Pa
     # the bench's min_group first, the user's own flags after it (smg keeps the last)
     assert cmd[-4:] == ["--assignment-mode", "min_group", "--assignment-mode", "random"]
     assert "--assignment-mode" not in gateway.Gateway(["http://w0"], "cache_aware", tmp_path / "g.log").command()
+
+
+def test_sticky_round_robin_is_smgs_round_robin_with_sticky_sessions(tmp_path: Path) -> None:
+    cmd = gateway.Gateway(["http://w0", "http://w1"], "sticky_round_robin", tmp_path / "g.log").command()
+    assert cmd[cmd.index("--policy") + 1] == "round_robin"
+    assert "--sticky-sessions" in cmd
+    assert "--sticky-sessions" not in gateway.Gateway(["http://w0"], "round_robin", tmp_path / "g.log").command()
+    assert Fleet(2, "sticky_round_robin").label("rr") == "rr@2xsticky_round_robin"
 
 
 def test_missing_gateway_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ def test_each_bench_routes_by_default_what_suits_its_traffic() -> None:
 
     assert _opts("--out x --workers 2").fleet.router == "cache_aware"  # documents: prefix-aware routing
     agent_args = build_parser().parse_args(["bench", "agent", "--out", "x", "--quick", "--workers", "2"])
-    assert agent_cli.options_from_args(agent_args).fleet.router == "manual"  # agents: pinned by trajectory
+    # agents: pinned by trajectory, new trajectories dealt to the workers in turn
+    assert agent_cli.options_from_args(agent_args).fleet.router == "sticky_round_robin"
     assert _opts("--out x").fleet.router == "none"
     assert _opts("--out x --workers 2 --router manual").fleet.router == "manual"
 
