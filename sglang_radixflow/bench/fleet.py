@@ -57,8 +57,8 @@ def run_fleet(fleet: Fleet, label: str, out_dir: Path, run: dict[str, Any],
               warm_up: Callable[[str], None], send: Callable[[str], list[dict[str, Any]]],
               last_round: Callable[[Optional[Path]], int], log: Log) -> list[dict[str, Any]]:
     """Start the workers and the gateway, warm every worker directly (the gateway's first picks must not find one
-    cold) and then the gateway, send the workload through the gateway, stop everything (also on error or SIGTERM). Fills `run` with the
-    gateway's and each worker's files and log offsets; returns the request records."""
+    cold) and then the gateway, send the workload through the gateway, stop everything (also on error or SIGTERM).
+    Fills `run` with the gateway's and each worker's files and log offsets; returns the request records."""
     workers = []
     for i in range(fleet.workers):
         trace = out_dir / f"{label}.w{i}.trace.jsonl" if traced else None
@@ -189,8 +189,9 @@ def add_fleet_arguments(parser: Any, default_router: str) -> None:
                              "X-SMG-Routing-Key, which `manual` and `sticky_round_robin` (smg's round_robin with "
                              "--sticky-sessions) route by")
     parser.add_argument("--router-args", default="",
-                        help="extra `smg launch` flags, shell-quoted, e.g. \"--cache-threshold 0.5\" (with --router "
-                             "manual the bench already adds --assignment-mode min_group)")
+                        help="extra `smg launch` flags, shell-quoted, e.g. \"--cache-threshold 0.5\" (the bench already "
+                             "adds --assignment-mode min_group to manual and --sticky-sessions to "
+                             "sticky_round_robin)")
     parser.add_argument("--no-reference", action="store_true",
                         help="with --workers N: skip each arm's one-server reference run")
 

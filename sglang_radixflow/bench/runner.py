@@ -210,8 +210,6 @@ def _progress(tag: str, log: Log, total: int) -> Callable[[RequestRecord, int, i
     return on_done
 
 
-
-
 def run_arm(model: str, model_path: Path, arm: str, requests: Sequence[Request], S: int, T: int, opts: BenchOptions,
             out_dir: Path, log: Log = print_progress, traced: bool = True,
             questions: Optional[Sequence[TextQuestion | Question]] = None) -> list[dict[str, Any]]:
