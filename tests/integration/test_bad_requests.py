@@ -111,9 +111,11 @@ def test_a_prompt_over_the_context_beside_siblings_waiting_on_its_prefix(server:
 
 def test_more_parallel_samples_than_running_slots_all_complete(server: SGLangServer) -> None:
     """`n` = 300 copies of one prompt, far more than the server's running-request limit: SGLang queues them; every
-    copy completes and the prompt is reused by the copies (the warm-up publishes it)."""
+    copy completes and the prompt is reused by the copies (the warm-up publishes it). The copies sample (temperature
+    1), so one may draw the end-of-sequence token: ignore_eos keeps every copy at its full length."""
     prompt = [random.Random(11).randrange(3, VOCAB) for _ in range(300)]
-    out = server.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2, "n": 300}})
+    out = server.post("/generate", {"input_ids": prompt,
+                                    "sampling_params": {"max_new_tokens": 2, "n": 300, "ignore_eos": True}})
     assert len(out) == 300 and all(len(o["output_ids"]) == 2 for o in out)
     assert min(o["meta_info"]["cached_tokens"] for o in out) >= len(prompt) - 2
     _still_serves(server)

@@ -1,6 +1,6 @@
 """Several servers: `radixflow bench multi-candidate --workers 2` starts two radixflow workers behind SGLang's gateway
-(`smg`, cache_aware) and sends the workload through it. Each question's siblings reach one worker, where the
-consumers reuse the state its producer published; every output equals a single native server's; neither worker
+(`smg`, `manual`: each request keyed by its document) and sends the workload through it. Each question's siblings
+reach one worker, where the consumers reuse the state its producer published; every output equals a single native server's; neither worker
 leaks a KV or mamba slot (SGLang's idle check kills a scheduler that does); the workers and the gateway are stopped."""
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ def test_siblings_share_one_workers_producer_and_answer_as_native_does(
     out = tmp_path / "gateway"
     before = set(live_servers())
     assert cli.main(["bench", "multi-candidate", "--out", str(out), "--models", "nemotron_h", "--arms", "radixflow",
-                     "--workers", "2", "--no-reference", "--questions", str(QUESTIONS), "--budgets", "16,2048",
+                     "--workers", "2", "--router", "manual", "--no-reference", "--questions", str(QUESTIONS), "--budgets", "16,2048",
                      "--server-args", "--dtype float32", "--models-root", str(model_dirs["nemotron_h"].parent)]) == 0
     assert set(live_servers()) == before  # both workers and the gateway stopped
 
-    label = "radixflow@2xcache_aware"
+    # manual, not cache_aware: smg's cache_aware tree is approximate, and under load it has split a cold document's
+    # siblings, released within a millisecond, 2 / 2 over the workers; the routing key pins them every time
+    label = "radixflow@2xmanual"
     arm = json.loads((out / "summary.json").read_text())["arms"][f"nemotron_h/{label}"]
-    assert (arm["workers"], arm["router"], arm["errors"]) == (2, "cache_aware", 0)
+    assert (arm["workers"], arm["router"], arm["errors"]) == (2, "manual", 0)
     run = json.loads((out / "nemotron_h" / f"{label}.run.json").read_text())
     assert len(run["worker_runs"]) == 2 and run["gateway"]["smg_version"] == "1.13.0"
     records = read_jsonl(out / "nemotron_h" / f"{label}.requests.jsonl")
@@ -77,7 +79,7 @@ def test_agent_trajectories_are_dealt_evenly_and_stay_on_their_worker(
     out = tmp_path / "agents"
     before = set(live_servers())
     assert cli.main(["bench", "agent", "--quick", "--models", "nemotron_h", "--policies", "rr", "--seeds", "1",
-                     "--turns", "3", "--workers", "2", "--no-reference", "--out", str(out),
+                     "--turns", "3", "--workers", "2", "--router", "manual", "--no-reference", "--out", str(out),
                      "--models-root", str(model_dirs["nemotron_h"].parent)]) == 0
     assert set(live_servers()) == before
 
