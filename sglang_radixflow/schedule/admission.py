@@ -11,9 +11,10 @@ runs from the oldest arrival. With tensor parallelism the release is decided onc
 
 A hold pays off only where requests that share a prefix nobody has computed yet arrive together: the pass after it
 then plans a producer (or defers a consumer, or adopts an in-flight request). In `flex` mode, after QUIET_AFTER holds
-in a row whose pass did none of that, the gate holds one idle arrival in PROBE_EVERY (to notice sibling traffic
-again) and scans the others at once: traffic that shares nothing stops paying the hold. Any pass that shares again
-makes every idle arrival held again.
+in a row whose pass did none of that, the gate scans idle arrivals at once: traffic that shares nothing stops paying
+the hold. It holds again for an arrival whose sibling (same first tokens) it scanned at once less than `hold_ms`
+before (a hold would have met them: prefill rounds there are shorter than the group's arrival spread), and for every
+idle arrival once a pass shares again.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from sglang_radixflow.schedule.producers import namespace_of, request_tokens
+from sglang_radixflow.schedule.siblings import SiblingKey, sibling_key
 
 QUIET_AFTER = 4  # holds in a row whose pass shared nothing before the gate stops holding
-PROBE_EVERY = 8  # once quiet: one idle arrival in this many is still held
 QUIET = "holds gather nobody"
 
 
@@ -52,7 +53,7 @@ class AdmissionGate:
         self.releases: dict[str, int] = {}  # why holds ended (this rank's reason)
         self.barren_holds = 0  # holds in a row (up to now) whose pass shared nothing
         self._judging = False  # a hold just ended: the next pass says whether it gathered anything
-        self.quiet_arrivals = 0  # idle arrivals since holds gathered nobody: scanned at once, or held as a probe
+        self._scanned_at_once: dict[SiblingKey, tuple[float, Any]] = {}  # once quiet: key -> (arrival, rid), the last
 
     def forget_demands(self) -> None:
         """A round ran: the tree changed, so cached demands are stale."""
@@ -76,9 +77,26 @@ class AdmissionGate:
             return HoldDecision(True, "hold")
         if token_budget is not None and self._demand_fills(waiting, token_budget):
             return HoldDecision(False, "tokens full")
-        if not self._holding and self.barren_holds >= QUIET_AFTER and (self.quiet_arrivals + 1) % PROBE_EVERY:
+        if not self._holding and self.barren_holds >= QUIET_AFTER and not self._sibling_scanned_at_once(waiting, now):
             return HoldDecision(False, QUIET)
         return HoldDecision(True, "hold")
+
+    def _sibling_scanned_at_once(self, waiting: list[Any], now: float) -> bool:
+        """Once quiet: whether a waiting request's sibling (another request) was scanned at once less than hold_ms
+        before it arrived. Records the waiting requests as scanned at once (they are, unless this says hold). Costs
+        O(waiting): flex gets here only with fewer waiting than the row budget."""
+        recent = {key: seen for key, seen in self._scanned_at_once.items() if now - seen[0] < self.hold_s}
+        met = False
+        for req in waiting:
+            key = sibling_key(req)
+            seen = recent.get(key) if key is not None else None
+            met = met or (seen is not None and seen[1] != req.rid and _arrival(req) - seen[0] < self.hold_s)
+        for req in waiting:  # recorded after the check: siblings waiting together meet in the pass anyway
+            key = sibling_key(req)
+            if key is not None:
+                recent[key] = (_arrival(req), req.rid)
+        self._scanned_at_once = recent
+        return met
 
     def _demand_fills(self, waiting: list[Any], token_budget: int) -> bool:
         """Whether the held requests' remaining demand (prompt minus state-ready hit) reaches the token budget."""
@@ -95,15 +113,13 @@ class AdmissionGate:
 
     def settle(self, decision: HoldDecision, hold: bool) -> bool:
         """Count what the scheduler does: `hold` is the decision all TP ranks share (rank 0's), `decision` this
-        rank's own (only rank 0's is used, so the quiet count need only be right there). Returns `hold`."""
+        rank's own (only rank 0's is used). Returns `hold`."""
         if hold:
             self.holds += 1
         elif self._holding:
             reason = "rank 0" if decision.hold else decision.reason  # this rank would have held on
             self.releases[reason] = self.releases.get(reason, 0) + 1
             self._judging = True
-        if self.barren_holds >= QUIET_AFTER and not self._holding and (hold or decision.reason == QUIET):
-            self.quiet_arrivals += 1
         self._holding = hold
         return hold
 

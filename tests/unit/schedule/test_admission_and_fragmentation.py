@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sglang_radixflow.schedule.admission import PROBE_EVERY, QUIET_AFTER, AdmissionGate
+from sglang_radixflow.schedule.admission import QUIET, QUIET_AFTER, AdmissionGate
 from tests.unit.cache.helpers import FULL
 from tests.unit.schedule.harness import PassHarness, make_request
 
 
-def _req(rid: str, n: int, arrived: float):  # noqa: ANN202
+def _req(rid: str, n: int, arrived: float, first: int = 0):  # noqa: ANN202
+    """A request of n tokens from `first` on (requests with the same `first` are siblings)."""
     return SimpleNamespace(
-        rid=rid, origin_input_ids=list(range(n)), output_ids=[], extra_key=None, cache_salt=None,
+        rid=rid, origin_input_ids=list(range(first, first + n)), output_ids=[], extra_key=None, cache_salt=None,
         time_stats=SimpleNamespace(wait_queue_entry_time=arrived),
     )
 
@@ -79,10 +80,10 @@ def test_counts_follow_the_shared_decision_not_this_ranks_own() -> None:
     assert (g.holds, g.releases) == (1, {"rank 0": 1})
 
 
-def _arrival_scanned_at_once(g: AdmissionGate, rid: str, now: float, shared: bool = False) -> bool:
+def _arrival_scanned_at_once(g: AdmissionGate, rid: str, now: float, shared: bool = False, first: int = 0) -> bool:
     """One idle arrival through the gate: held until its deadline, or scanned at once (the gate's last word); then
     the pass that takes it, which shares (plans a producer, ...) or not."""
-    req = _req(rid, 64, now)
+    req = _req(rid, 64, now, first)
     first = g.decide(waiting=[req], worker_busy=False, row_budget=8, token_budget=4096, now=now)
     held = g.settle(first, first.hold)
     if held:
@@ -92,14 +93,41 @@ def _arrival_scanned_at_once(g: AdmissionGate, rid: str, now: float, shared: boo
     return not held
 
 
-def test_holds_that_gather_nobody_stop_and_a_probe_in_eight_still_holds() -> None:
+def test_holds_that_gather_nobody_stop_for_good_where_nothing_is_shared() -> None:
     g = gate("flex")
-    at_once = [_arrival_scanned_at_once(g, f"r{i}", 10.0 + i) for i in range(QUIET_AFTER + 2 * PROBE_EVERY)]
-    # QUIET_AFTER lone arrivals held in vain, then one held in PROBE_EVERY (each probe gathers nobody either)
-    assert at_once[:QUIET_AFTER] == [False] * QUIET_AFTER
-    quiet = at_once[QUIET_AFTER:]
-    assert quiet.count(False) == 2 and quiet[PROBE_EVERY - 1] is False and quiet[-1] is False
-    assert g.holds == QUIET_AFTER + 2
+    at_once = [_arrival_scanned_at_once(g, f"r{i}", 10.0 + i) for i in range(QUIET_AFTER + 16)]
+    # QUIET_AFTER lone arrivals held in vain, then none: each arrival is scanned at once
+    assert at_once == [False] * QUIET_AFTER + [True] * 16
+    assert g.holds == QUIET_AFTER
+
+
+def test_once_quiet_an_arrival_is_held_when_its_sibling_was_scanned_within_the_hold() -> None:
+    g = gate("flex")
+    for i in range(QUIET_AFTER):
+        _arrival_scanned_at_once(g, f"r{i}", 10.0 + i, first=1000 * i)
+
+    def decide(req: SimpleNamespace, now: float) -> bool:
+        d = g.decide(waiting=[req], worker_busy=False, row_budget=8, token_budget=4096, now=now)
+        assert d.hold or d.reason == QUIET
+        return g.settle(d, d.hold)
+
+    assert not decide(_req("a", 64, 20.000, first=7000), 20.000)  # quiet: scanned at once
+    assert not decide(_req("a", 64, 20.000, first=7000), 20.001)  # seen again: it is not its own sibling
+    g.note_pass(False)
+    assert not decide(_req("x", 64, 20.001, first=8000), 20.001)  # no sibling: scanned at once
+    g.note_pass(False)
+    # a's sibling 2 ms after it: the round was shorter than the spread, and a hold would have met them
+    assert decide(_req("b", 64, 20.002, first=7000), 20.002)
+    # a sibling 10 ms after the last one: a hold of 5 ms would not have met them
+    g2 = gate("flex")
+    for i in range(QUIET_AFTER):
+        _arrival_scanned_at_once(g2, f"r{i}", 10.0 + i, first=1000 * i)
+    for rid, at in (("c", 30.000), ("d", 30.010)):
+        d = g2.decide(waiting=[_req(rid, 64, at, first=9000)], worker_busy=False, row_budget=8, token_budget=4096,
+                      now=at)
+        assert (d.hold, d.reason) == (False, QUIET)
+        g2.settle(d, d.hold)
+        g2.note_pass(False)
 
 
 def test_a_pass_that_shares_makes_every_idle_arrival_held_again() -> None:
