@@ -1,7 +1,8 @@
 """Several servers: `radixflow bench multi-candidate --workers 2` starts two radixflow workers behind SGLang's gateway
 (`smg`, `manual`: each request keyed by its document) and sends the workload through it. Each question's siblings
-reach one worker, where the consumers reuse the state its producer published; every output equals a single native server's; neither worker
-leaks a KV or mamba slot (SGLang's idle check kills a scheduler that does); the workers and the gateway are stopped."""
+reach one worker, where the consumers reuse the state its producer published; every output equals a single native
+server's; neither worker leaks a KV or mamba slot (SGLang's idle check kills a scheduler that does); the workers and
+the gateway are stopped. The agent bench through the gateway deals trajectories evenly and keeps each on its worker."""
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ def test_siblings_share_one_workers_producer_and_answer_as_native_does(
     out = tmp_path / "gateway"
     before = set(live_servers())
     assert cli.main(["bench", "multi-candidate", "--out", str(out), "--models", "nemotron_h", "--arms", "radixflow",
-                     "--workers", "2", "--router", "manual", "--no-reference", "--questions", str(QUESTIONS), "--budgets", "16,2048",
-                     "--server-args", "--dtype float32", "--models-root", str(model_dirs["nemotron_h"].parent)]) == 0
+                     "--workers", "2", "--router", "manual", "--no-reference", "--questions", str(QUESTIONS),
+                     "--budgets", "16,2048", "--server-args", "--dtype float32",
+                     "--models-root", str(model_dirs["nemotron_h"].parent)]) == 0
     assert set(live_servers()) == before  # both workers and the gateway stopped
 
     # manual, not cache_aware: smg's cache_aware tree is approximate, and under load it has split a cold document's
@@ -79,7 +81,7 @@ def test_agent_trajectories_are_dealt_evenly_and_stay_on_their_worker(
     out = tmp_path / "agents"
     before = set(live_servers())
     assert cli.main(["bench", "agent", "--quick", "--models", "nemotron_h", "--policies", "rr", "--seeds", "1",
-                     "--turns", "3", "--workers", "2", "--router", "manual", "--no-reference", "--out", str(out),
+                     "--turns", "3", "--workers", "2", "--no-reference", "--out", str(out),
                      "--models-root", str(model_dirs["nemotron_h"].parent)]) == 0
     assert set(live_servers()) == before
 
