@@ -85,16 +85,12 @@ class AdmissionGate:
         """Once quiet: whether a waiting request's sibling (another request) was scanned at once less than hold_ms
         before it arrived. Records the waiting requests as scanned at once (they are, unless this says hold). Costs
         O(waiting): flex gets here only with fewer waiting than the row budget."""
+        # scanned less than hold_ms ago, hence less than hold_ms before any waiting request arrived (arrivals <= now)
         recent = {key: seen for key, seen in self._scanned_at_once.items() if now - seen[0] < self.hold_s}
-        met = False
-        for req in waiting:
-            key = sibling_key(req)
-            seen = recent.get(key) if key is not None else None
-            met = met or (seen is not None and seen[1] != req.rid and _arrival(req) - seen[0] < self.hold_s)
-        for req in waiting:  # recorded after the check: siblings waiting together meet in the pass anyway
-            key = sibling_key(req)
-            if key is not None:
-                recent[key] = (_arrival(req), req.rid)
+        arrivals = [(key, _arrival(req), req.rid) for req in waiting if (key := sibling_key(req)) is not None]
+        met = any(key in recent and rid != recent[key][1] for key, _, rid in arrivals)
+        # recorded after the check: siblings waiting together meet in this pass anyway
+        recent.update((key, (at, rid)) for key, at, rid in arrivals)
         self._scanned_at_once = recent
         return met
 
