@@ -1,16 +1,8 @@
 """RadixFlowPrefillAdder: SGLang's PrefillAdder with state-ready traversal.
 
-Every request SGLang's scan matched comes to `add_one_req`, which decides, in this order:
-1. held with a cut sibling (chunk-last) -> passed over, offered again later in the pass;
-2. Blocked (an open promise, or a request in flight, will publish its useful prefix) -> undo what the match staged
-   and return CONTINUE (skip: the scan goes on) or OTHER (stop: the prefix-stop baseline);
-3. would fragment (the fragmentation ablation) -> deferred to a later round;
-4. its producer plan: it waits for the chunk slot, a prefix request publishes b in its place, or producer rows hold
-   it for producers behind it;
-5. SGLang's own admission (Ready, or NO_TOKEN / OTHER: native handling), where a producer's extend is cut at b
-   (no_buffer) or kept on the snapshot grid (extra_buffer), and chunk-last may hold a request it would cut.
-A chunked request's continuation (`add_chunked_req`) is cut at its pending boundary, and never past the KV the pool
-can still give it.
+`add_one_req` decides per request, in this order: Blocked -> held with a cut sibling -> would fragment -> its
+producer plan (wait for the chunk slot, a prefix request, or a producer-rows hold) -> SGLang's own admission, where a
+producer's extend is cut at its boundary and chunk-last may hold a request SGLang would cut. See docs/design.md.
 """
 from __future__ import annotations
 
@@ -43,10 +35,8 @@ assert all(isinstance(getattr(PrefillAdder, name, None), property) for name in (
 
 
 def can_take_match(producer: Any, boundary: int, page_size: int) -> bool:
-    """Whether the producer's match is exactly the one its prefix request (its first `boundary` tokens) would make:
-    its walk stopped on the tree itself (its token hit below its own key limit) before the prefix request's limit
-    (b - 1), so a key of its first b tokens stops at the same node, with the same hits and the same state to copy.
-    Device-only matches of token keys (no host hits, no dLLM), page size 1."""
+    """Whether the producer's match is the one its prefix request would make: its walk stopped on the tree before
+    b - 1 (device-only token keys, page size 1), so a walk of its first b tokens stops at the same node."""
     hit = token_hit(producer)
     return (
         page_size == 1
@@ -184,9 +174,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
 
     def _needs_prefix_request(self, req: Any, plan: ProducerPlan, sched: SchedulingState) -> bool:
         """A no_buffer producer with siblings waiting publishes b through a prefix request whenever it can, even with
-        SGLang's chunk slot free: a producer cut at b would hold that slot, and the request that should fill the
-        rest of the token budget with a chunk could not be chunked. (Rows are the same either way.) The cut remains
-        for producers that cannot be split, and when prefix requests are off."""
+        the chunk slot free: cut at b it would take the slot from the request that should fill the token budget."""
         return (
             plan.mode is PublishMode.CHUNK_END
             and plan.siblings > 0
@@ -252,10 +240,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         )
 
     def _holds_cut(self, req: Any, admission: _PrefillAdmission) -> bool:
-        """RADIXFLOW_CHUNK_LAST: SGLang cut this admission to the budget left. Not held when the cut is at or past a
-        producer's boundary b (no_buffer: its extend is cut at b anyway, and b fits), and never a request with a
-        host-tier hit (HiCache): SGLang selects it a second time after queueing its load-back, and a request passed
-        over then would leave that load without its consumer."""
+        """Chunk-last: SGLang cut this admission to the budget left. Not held when the cut is at or past a no_buffer
+        producer's b (cut there anyway), nor with a host-tier hit (SGLang selects it again after its load-back)."""
         plan = self._rf_plan
         if (
             plan is not None and plan.mode is PublishMode.CHUNK_END and self._may_chunk
@@ -270,10 +256,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return self._rf_cut_held
 
     def _track_admission(self, admission: _PrefillAdmission, plan: ProducerPlan) -> "_PrefillAdmission | AddReqResult":
-        """extra_buffer: SGLang snapshots a state inside an extend only on the cache-chunk grid counted from that
-        extend's start, and b is on the grid counted from this one. A producer chunk that stops short of b (token
-        budget) must end on the grid too, or b is off the grid of its continuation and the promise fails. With less
-        than one grid left the producer starts next round."""
+        """extra_buffer: a producer chunk that stops short of b ends on the snapshot grid, or b would be off the grid
+        of its continuation; with less than one grid left it starts next round."""
         if not admission.is_chunked or admission.prefix_len + admission.extend_len >= plan.boundary:
             return admission
         grid = self._rf.cache_chunk
@@ -283,9 +267,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return dataclasses.replace(admission, extend_len=aligned)
 
     def add_chunked_req(self, req: Any):
-        """A producer whose first chunk stopped short of its boundary (token budget) continues with a chunk cut at
-        b, so that its state lands exactly there. A chunked request that was no producer becomes one first when
-        siblings have arrived since (`note_continuation`)."""
+        """A producer's continuation is cut at its pending b, so that its state lands there (a chunked request
+        becomes a producer first when siblings arrived since: `note_continuation`)."""
         sched = self._rf
         sched.note_continuation(req)
         room = self._room_when_budget_spent()
@@ -308,10 +291,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         return super().add_chunked_req(req)
 
     def _room_when_budget_spent(self) -> Optional[int]:
-        """The KV the pool can still give this chunk (free + evictable, less this pass's allocations and a page), when
-        the running requests' decode headroom has spent the budget; None otherwise. SGLang's single-pool budget lets
-        a continuation through at full size then ("it must make progress"), and its allocation fails, ending the
-        server; producers cut at b make such continuations common here."""
+        """The KV the pool can still give this chunk when decode headroom has spent the budget (SGLang then lets a
+        continuation through at full size and its allocation fails); None otherwise."""
         if self.rem_total_tokens > 0:
             return None
         return int(self.cur_rem_tokens) - self.page_size
@@ -326,10 +307,8 @@ class RadixFlowPrefillAdder(PrefillAdder):
         self.chunked_req_limit = limit if self.chunked_req_limit is None else min(self.chunked_req_limit, limit)
 
     def _track_continuation_limit(self, to_boundary: int, grid: int, room: Optional[int]) -> Optional[int]:
-        """extra_buffer: SGLang snapshots b inside the continuation (b is on the grid counted from where the chunk
-        before it stopped: `_track_admission`), so a continuation that reaches b runs on uncut. One the budget stops
-        short of b ends on that grid too, for the same reason; 0 when the pool's room (`room`) is less than one grid
-        step."""
+        """extra_buffer: a continuation that reaches b runs uncut (SGLang snapshots b in it); one the budget stops
+        short of b ends on the grid; 0 when the pool's room is less than one grid step."""
         budget = self.rem_chunk_tokens
         if room is not None:
             budget = room if budget is None else min(budget, room)

@@ -1,20 +1,10 @@
-"""Flexible admission: while the worker is idle, hold fresh arrivals a few ms before a prefill scan, so siblings
-that arrive together are scanned together (one producer, deferred consumers) instead of one per round.
+"""Flexible admission: while the worker is idle, hold fresh arrivals a few ms before a prefill scan, so that siblings
+arriving together are scanned together (one producer, deferred consumers).
 
-Release (scan now) as soon as ANY holds (`flex`):
-  (1) the worker has running work (a decode batch, a chunked prefill in progress);
-  (2) the held requests fill the rows a prefill round can take;
-  (3) their remaining token demand (prompt length minus the current state-ready hit) fills the token budget;
-  (4) the oldest held request has waited `hold_ms`.
-`timer` (the Timer5 / Timer10 controls) releases only on (4). A request never waits for its siblings: the deadline
-runs from the oldest arrival. With tensor parallelism the release is decided once (rank 0) and broadcast.
-
-A hold pays off only where requests that share a prefix nobody has computed yet arrive together: the pass after it
-then plans a producer (or defers a consumer, or adopts an in-flight request). In `flex` mode, after QUIET_AFTER holds
-in a row whose pass did none of that, the gate scans idle arrivals at once: traffic that shares nothing stops paying
-the hold. It holds again for an arrival whose sibling (same first tokens) it scanned at once less than `hold_ms`
-before (a hold would have met them: prefill rounds there are shorter than the group's arrival spread), and for every
-idle arrival once a pass shares again.
+`flex` releases as soon as the worker has work, the held requests fill the rows or (by remaining demand) the tokens
+of a round, or the oldest has waited `hold_ms`; `timer` only on the deadline. After QUIET_AFTER holds in a row that
+gathered nobody, idle arrivals are scanned at once, unless a sibling of theirs was scanned at once less than
+`hold_ms` before. With tensor parallelism rank 0 decides and broadcasts. See docs/design.md.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The Blocked verdict: a waiting request whose useful prefix is being produced (this round or still in flight) waits
-one round instead of recomputing it.
-
-A request is Blocked when, within its deferral bound, either
-- an open promise will publish at least min_gain tokens of its prefix past its state-ready hit h (and within the
-  longest prefix SGLang would match for it), or
-- a request in flight will land that much of it (adoption: a promise is then registered for that request).
+"""The Blocked verdict: a waiting request whose useful prefix is being produced (by an open promise, or a request in
+flight it adopts) waits one round instead of recomputing it, within its deferral bound. See docs/design.md.
 """
 from __future__ import annotations
 

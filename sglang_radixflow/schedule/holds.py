@@ -1,23 +1,15 @@
-"""Holds: requests the skip scan passes over and offers again later in the same pass.
+"""Holds: requests the skip scan passes over (producer rows, chunk-last) and offers again later in the same pass.
 
-- producer rows (RADIXFLOW_PRODUCER_ROWS = R): once S - R rows went to Ready non-producers, a further one is passed
-  over while the scan looks for producers behind it (token-bound producer rounds otherwise alternate with row-bound
-  consumer rounds);
-- chunk-last (RADIXFLOW_CHUNK_LAST): a request the rest of the token budget would cut is passed over so that whole
-  requests behind it take their tokens first; it is cut from what they leave.
-
-The held requests are offered again once the scan is S positions past the first of them, after HOLD_RUN_LIMIT more
-held in a row, or at the end of the queue. Offering them again needs the scan's own iteration: for one pass SGLang's
-waiting queue is a `HoldingQueue`, a list whose scan yields the held requests a second time (every request still goes
-to SGLang's checks and the adder, in scan order).
+They are offered again once the scan is S positions past the first of them, after HOLD_RUN_LIMIT more held in a row,
+or at the end of the queue. For one pass SGLang's waiting queue is a `HoldingQueue`, whose scan yields the held
+requests a second time; every request still goes through SGLang's checks and the adder. See docs/design.md.
 """
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-# A run of this many more requests held in a row shows the queue ahead holds nothing a hold looks for: the held ones
-# are offered at once, instead of SGLang matching S more requests to hold each one. The smallest run that keeps the
-# bench's replay instances at their round bound (see docs/measurements.md, fixed-batch replay).
+# A run of this many more held in a row shows the queue ahead holds nothing a hold looks for: offer the held ones.
+# The smallest run that keeps the bench's replay instances at their round bound.
 HOLD_RUN_LIMIT = 8
 CUT_HOLDS = "rf_cut_holds"  # per-request attribute: passes that held it because it would be cut (chunk_last)
 

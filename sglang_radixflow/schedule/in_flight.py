@@ -1,9 +1,5 @@
-"""Requests in flight: admitted by a recent pass, their round's KV (and tracked state) not in the tree yet.
-
-Under SGLang's overlap scheduler a pass runs before the previous round's results are processed, so a sibling that
-arrives just after its producer's pass would recompute the shared prefix beside it. Full attention and extra_buffer
-hybrids let it adopt that request as its producer instead: a promise is registered for the in-flight request and
-published when its KV lands. (A no_buffer extend leaves its state only where it ends, past what siblings share.)
+"""Requests in flight: admitted by a recent pass, their KV (and tracked state) not in the tree yet. Under SGLang's
+overlap scheduler a late sibling adopts one as its producer (full attention, extra_buffer hybrids). See docs/design.md.
 """
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ def lands_under_token_ids(req: Any) -> bool:
 
 
 def tracked_in_extend(req: Any) -> int:
-    """extra_buffer: where the state SGLang snapshots inside the request's in-flight extend sits (set by its
-    prepare_for_extend, after the pass that admitted it), or 0 when the extend snapshots none (shorter than the
-    grid: SGLang keeps its older value, which lies at or before the extend's start, already in the tree)."""
+    """extra_buffer: where SGLang snapshots a state inside the in-flight extend (set by its prepare_for_extend), or 0
+    when it snapshots none (an older value at or before the extend's start is already in the tree)."""
     tracked = req.kv.mamba_last_track_seqlen
     return int(tracked) if tracked is not None and tracked > int(req.prefix_len) else 0
 

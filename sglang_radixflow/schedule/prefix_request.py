@@ -1,18 +1,7 @@
-"""Prefix requests: how a no_buffer hybrid producer publishes a state at a branch point.
-
-With `no_buffer` a state exists only at the end of an extend. A producer's extend can end at b by chunking, but SGLang
-tracks ONE chunked request per pass: natively at most one producer per round could publish, and a producer holding
-the slot leaves none for the request that should fill the rest of the token budget. A prefix request is an ordinary
-SGLang request for the producer's first b tokens with max_new_tokens = 0: it finishes in its round and its final
-cache insert stores the KV and the state at b. The producer itself waits one round (Blocked on the prefix request's
-promise, like its siblings) and then starts from b, exactly as after a chunk cut; the prefix is computed once either
-way, in as many rows. Any number of prefix requests fit in one round, and the chunk slot stays SGLang's.
-
-Nobody waits for a prefix request's output: `finished_output` is set from the start, the flag SGLang's output
-streamer uses to skip a finished request it already reported, so no output ever leaves the scheduler for it. Its rid
-derives from the producer's rid and b, so every tensor-parallel rank builds the same request; it does not START with
-the producer's rid, because SGLang aborts every request whose rid starts with the one aborted: a client that cancels
-the producer must not take its siblings' prefix away (nor make SGLang report an abort for a rid no client knows).
+"""Prefix requests: a no_buffer hybrid producer publishes its state at b through an ordinary SGLang request for its
+first b tokens with max_new_tokens = 0 (SGLang tracks one chunked request per pass, so cuts alone would publish one
+state a round). Nobody waits for its output. Its rid derives from the producer's and b, so every TP rank builds the
+same request, and does not start with the producer's rid (SGLang aborts by rid prefix). See docs/design.md.
 """
 from __future__ import annotations
 
@@ -23,9 +12,6 @@ if TYPE_CHECKING:  # light at import: the bench's replay reads rids without SGLa
     from sglang.srt.managers.schedule_batch import Req
 
 PREFIX_RID_MARK = "radixflow-prefix-"  # a prefix request's rid: PREFIX_RID_MARK + b + "#" + the producer's rid
-
-# SGLang internal relied on: its output streamer skips `req.finished() and req.finished_output` (asserted where the
-# flag is set, in make_prefix_request).
 
 
 def can_split(req: Any) -> bool:
@@ -61,7 +47,7 @@ def make_prefix_request(req: Any, boundary: int) -> "Req":
     prefix.extra_key, prefix.cache_salt = req.extra_key, req.cache_salt
     prefix.tokenizer = req.tokenizer
     assert prefix.finished_output is None, "SGLang's Req.finished_output is the streamer's already-reported flag"
-    prefix.finished_output = True  # the streamer never reports it: no client waits for this request
+    prefix.finished_output = True  # SGLang's streamer skips finished requests with this flag: no output leaves
     prefix.time_stats.set_wait_queue_entry_time()
     return prefix
 

@@ -84,15 +84,9 @@ def plan_producer(
     req: Any, siblings: Iterable[Any], *, min_gain: int, mode: PublishMode, cache_chunk: int, token_hit: int = 0,
     page_size: int = 1, branch: Optional[int] = None,
 ) -> Optional[ProducerPlan]:
-    """The boundary that saves the waiting siblings the most recomputation, if any is worth a promise.
-
-    The tree holds whole pages only: a sibling reuses its shared prefix rounded down to a page.
-
-    no_buffer hybrids: when the tree already holds KV past the producer's state (ĥ >= h + min_gain), ĥ is a branch
-    point (a document seen before under another question) where no state exists: the boundary is capped at ĥ, so
-    that later requests on that prefix find a state there. extra_buffer hybrids keep one snapshot per extend, and
-    SGLang already points it at that branch (`branch`, its grid-aligned ĥ): the boundary is capped there too, so that
-    radixflow never moves SGLang's own snapshot off the branch point."""
+    """The boundary that saves the waiting siblings the most recomputation (whole pages), if any is worth a promise.
+    On hybrids it is capped at a branch point the tree already knows without a state (no_buffer: ĥ; extra_buffer:
+    SGLang's own snapshot there, `branch`), so later requests on that prefix find a state (docs/design.md)."""
     tokens = request_tokens(req)
     state_hit = int(req.prefix_len)
     floor = state_hit + min_gain - 1  # a boundary must pass it; a sibling sharing no more than that is no consumer
@@ -121,13 +115,9 @@ def plan_producer(
 def plan_cache_only(
     req: Any, *, token_hit: int, min_gain: int, mode: PublishMode, cache_chunk: int, branch: Optional[int] = None,
 ) -> Optional[ProducerPlan]:
-    """Boundaries where a cache-only request should leave states (hybrids): the branch point the tree already knows is
-    shared (its token hit, when beyond its state hit: the state there is missing) and the last position its followers
-    can match (prompt length - CACHE_ONLY_BACKOFF).
-
-    extra_buffer keeps one snapshot per extend: when SGLang points it at the branch point (`branch`), that one stays
-    (it serves every later request on the prefix; this request's followers start there); otherwise it goes to the last
-    usable grid position."""
+    """Boundaries where a cache-only request should leave states (hybrids): the known branch point without a state
+    (its token hit) and the last position its followers can match. extra_buffer keeps one snapshot per extend: SGLang's
+    at the branch point when it has one, else the last usable grid position."""
     state_hit = int(req.prefix_len)
     last = len(request_tokens(req)) - CACHE_ONLY_BACKOFF
     if mode is PublishMode.TRACK:  # one tracked state per extend, on the cache-chunk grid counted from the prefix

@@ -24,9 +24,8 @@ def sibling_key(req: Any) -> Optional[SiblingKey]:
 
 
 class SiblingIndex:
-    """The waiting requests by sibling key, kept across passes, so that a pass reads only the requests that arrived
-    since the last one, not the whole queue. The index holds the requests it indexes, so their ids cannot be reused
-    by new objects meanwhile."""
+    """The waiting requests by sibling key, kept across passes so that a pass reads only its new arrivals (holding
+    the requests keeps their ids from being reused meanwhile)."""
 
     def __init__(self) -> None:
         self._members: dict[int, tuple[Any, Optional[SiblingKey]]] = {}  # id -> (request, its key)

@@ -203,10 +203,8 @@ class SchedulingState:
         return True
 
     def holds_cut(self, req: Any, extend: int, plan: Optional[ProducerPlan] = None, token_hit: int = 0) -> bool:
-        """Chunk-last: whether the scan passes over `req`, which the rest of the token budget would cut (SGLang's chunk
-        takes what is left and ends the scan, so the whole requests behind it would wait a round). Only a request that
-        fits one full budget (`extend` <= T); at most max_defer_rounds passes each. With a producer plan (ĥ:
-        `token_hit`), the siblings it serves past ĥ are held with it: admitted first, they would compute it again."""
+        """Chunk-last: whether the scan passes over `req`, which the rest of the token budget would cut, so that whole
+        requests behind it go first. A held producer's siblings it serves past ĥ (`token_hit`) are held with it."""
         current = self.current
         assert current is not None
         if not self.config.chunk_last or not current.holds.can_hold():
@@ -281,9 +279,8 @@ class SchedulingState:
         setattr(req, DEFER_COUNT, getattr(req, DEFER_COUNT, 0) + 1)
 
     def note_continuation(self, req: Any) -> None:
-        """SGLang continues its chunked request in this pass. Requests that arrived after it was planned may share its
-        path past what it has computed so far: it becomes their producer, so that they wait for its next chunk
-        instead of the first of them producing the same prefix beside it (the adder cuts or aligns the chunk)."""
+        """SGLang continues its chunked request: siblings that arrived since it was planned wait for its next chunk
+        (it becomes their producer) instead of the first of them producing the same prefix beside it."""
         if not self.active or self.pending_boundary(req) is not None:
             return
         plan = self.plan(req, int(req.prefix_len))
