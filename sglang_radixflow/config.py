@@ -28,7 +28,9 @@ class RadixFlowConfig:
     hold_ms: float = 5.0
     fragmentation: bool = False
     max_defer_rounds: int = 8  # a Blocked request runs from h after this many deferrals
-    min_gain_tokens: int = 1  # a producer boundary must extend h by at least this much
+    # A consumer waits a round (and a producer publishes) only for at least this many tokens past h: fewer cost less
+    # to compute than a round's wait. 64 is also extra_buffer's snapshot grid, where no smaller gain can exist.
+    min_gain_tokens: int = 64
     promise_max_age_rounds: int = 64
     producer_slot_wait: bool = False  # hybrid no_buffer: a would-be producer waits for SGLang's one chunk slot
     prefix_requests: bool = True  # hybrid no_buffer: with the chunk slot taken, publish b through a prefix request

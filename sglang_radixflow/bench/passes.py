@@ -96,9 +96,10 @@ class PassHarness:
     def __init__(self, components, arm: str = "radixflow", token_budget: int = 4096, rows: int = 16,
                  admission: str = "native", slot_wait: bool = False, prefix_requests: bool = True,
                  producer_rows: Optional[int] = None, schedule_policy: str = "fcfs",
-                 chunk_last: Optional[bool] = None, **cfg: Any):
+                 chunk_last: Optional[bool] = None, min_gain_tokens: Optional[int] = None, **cfg: Any):
         """admission: the arm's admission is replaced (native by default) so that a pass never holds.
-        producer_rows: RADIXFLOW_PRODUCER_ROWS, chunk_last: RADIXFLOW_CHUNK_LAST (None: the arm's default).
+        producer_rows, chunk_last, min_gain_tokens: RADIXFLOW_PRODUCER_ROWS, _CHUNK_LAST, _MIN_GAIN_TOKENS (None: the
+        arm's default).
         schedule_policy: SGLang's --schedule-policy (its SchedulePolicy sorts the queue before each scan)."""
         self.cache, self.allocator, self.pool = build_cache(RadixFlowCache, components, **cfg)
         self.cache.configure(load_config({
@@ -107,6 +108,7 @@ class PassHarness:
             "RADIXFLOW_PREFIX_REQUESTS": "1" if prefix_requests else "0",
             **({} if producer_rows is None else {"RADIXFLOW_PRODUCER_ROWS": str(producer_rows)}),
             **({} if chunk_last is None else {"RADIXFLOW_CHUNK_LAST": "1" if chunk_last else "0"}),
+            **({} if min_gain_tokens is None else {"RADIXFLOW_MIN_GAIN_TOKENS": str(min_gain_tokens)}),
         }))
         self.forward_ct = 0
         self.cache.rf_clock.bind(lambda: self.forward_ct)

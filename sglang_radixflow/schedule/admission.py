@@ -2,7 +2,8 @@
 arriving together are scanned together (one producer, deferred consumers).
 
 `flex` releases as soon as the worker has work, the held requests fill the rows or (by remaining demand) the tokens
-of a round, or the oldest has waited `hold_ms`; `timer` only on the deadline. After QUIET_AFTER holds in a row that
+of a round, none has min_gain tokens left to compute (no wait could save that much), or the oldest has waited
+`hold_ms`; `timer` only on the deadline. After QUIET_AFTER holds in a row that
 gathered nobody, idle arrivals are scanned at once, unless a sibling of theirs was scanned at once less than
 `hold_ms` before. With tensor parallelism rank 0 decides and broadcasts. See docs/design.md.
 """
@@ -17,6 +18,7 @@ from sglang_radixflow.schedule.siblings import SiblingKey, sibling_key
 
 QUIET_AFTER = 4  # holds in a row whose pass shared nothing before the gate stops holding
 QUIET = "holds gather nobody"
+NOTHING_TO_GAIN = "nothing to gain"
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,14 @@ def _arrival(req: Any) -> float:
 
 
 class AdmissionGate:
-    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int]) -> None:
+    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int], min_gain: int = 1
+                 ) -> None:
         assert mode in ("native", "flex", "timer"), mode
         self.mode = mode
         self.hold_s = hold_ms / 1000.0
         self._state_ready_len = state_ready_len
-        self._demand: dict[str, int] = {}  # rid -> remaining tokens, valid until the next round runs
+        self.min_gain = min_gain  # the least a deferral may save (RadixFlowConfig.min_gain_tokens)
+        self._demands: dict[str, int] = {}  # rid -> remaining tokens, valid until the next round runs
         self._holding = False
         self.holds = 0  # scheduler steps that held arrivals (the shared decision, see settle)
         self.releases: dict[str, int] = {}  # why holds ended (this rank's reason)
@@ -47,7 +51,7 @@ class AdmissionGate:
 
     def forget_demands(self) -> None:
         """A round ran: the tree changed, so cached demands are stale."""
-        self._demand.clear()
+        self._demands.clear()
 
     def decide(self, *, waiting: list[Any], worker_busy: bool, row_budget: int, token_budget: Optional[int],
                now: Optional[float] = None) -> HoldDecision:
@@ -65,8 +69,12 @@ class AdmissionGate:
             return HoldDecision(False, "deadline")
         if self.mode == "timer":
             return HoldDecision(True, "hold")
-        if token_budget is not None and self._demand_fills(waiting, token_budget):
+        demands = [self._demand(req) for req in waiting]
+        if token_budget is not None and sum(demands) >= token_budget:
             return HoldDecision(False, "tokens full")
+        if max(demands) < self.min_gain:
+            # siblings share at most what each has left to compute: no producer could save anyone min_gain tokens
+            return HoldDecision(False, NOTHING_TO_GAIN)
         if not self._holding and self.barren_holds >= QUIET_AFTER and not self._sibling_scanned_at_once(waiting, now):
             return HoldDecision(False, QUIET)
         return HoldDecision(True, "hold")
@@ -84,18 +92,13 @@ class AdmissionGate:
         self._scanned_at_once = recent
         return met
 
-    def _demand_fills(self, waiting: list[Any], token_budget: int) -> bool:
-        """Whether the held requests' remaining demand (prompt minus state-ready hit) reaches the token budget."""
-        total = 0
-        for req in waiting:
-            rid = str(req.rid)
-            if rid not in self._demand:
-                tokens = request_tokens(req)
-                self._demand[rid] = len(tokens) - self._state_ready_len(namespace_of(req), tokens)
-            total += self._demand[rid]
-            if total >= token_budget:
-                return True
-        return False
+    def _demand(self, req: Any) -> int:
+        """The request's remaining demand: prompt minus its state-ready hit."""
+        rid = str(req.rid)
+        if rid not in self._demands:
+            tokens = request_tokens(req)
+            self._demands[rid] = len(tokens) - self._state_ready_len(namespace_of(req), tokens)
+        return self._demands[rid]
 
     def settle(self, decision: HoldDecision, hold: bool) -> bool:
         """Count what the scheduler does: `hold` is the decision all TP ranks share (rank 0's), `decision` this

@@ -61,7 +61,8 @@ class SchedulingState:
         self.page_size = page_size  # the tree's unit: boundaries and partial promises are whole pages
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self._path_len = path_len  # the tree's held path length (RadixFlowCache.path_len), page size 1 only
-        self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0))
+        self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0),
+                                  config.min_gain_tokens)
         self.recorder = RoundRecorder(trace or TraceWriter(None))
         self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
         self.records = PassRecords(self.promises)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from sglang_radixflow.schedule.admission import QUIET, QUIET_AFTER, AdmissionGate
+from sglang_radixflow.schedule.admission import NOTHING_TO_GAIN, QUIET, QUIET_AFTER, AdmissionGate
 from tests.unit.cache.helpers import FULL
 from tests.unit.schedule.harness import PassHarness, make_request
 
@@ -16,8 +16,8 @@ def _req(rid: str, n: int, arrived: float, first: int = 0):  # noqa: ANN202
     )
 
 
-def gate(mode: str, hold_ms: float = 5.0, hit: int = 0) -> AdmissionGate:
-    return AdmissionGate(mode, hold_ms, state_ready_len=lambda ns, toks: hit)
+def gate(mode: str, hold_ms: float = 5.0, hit: int = 0, min_gain: int = 1) -> AdmissionGate:
+    return AdmissionGate(mode, hold_ms, state_ready_len=lambda ns, toks: hit, min_gain=min_gain)
 
 
 def test_flex_holds_fresh_arrivals_while_the_worker_is_idle() -> None:
@@ -39,6 +39,16 @@ def test_flex_releases_early_for_each_reason() -> None:
     # The token demand is what is left after the state-ready hit: with 900 cached per request, 4 x 100 < 4000.
     d = gate("flex", hit=900).decide(waiting=waiting, worker_busy=False, row_budget=8, token_budget=4000, now=10.001)
     assert d.hold
+
+
+def test_flex_does_not_hold_requests_that_have_less_than_min_gain_left_to_compute() -> None:
+    """Siblings share at most what each has left past its state-ready hit: with under min_gain tokens left in every
+    waiting request (a short question on a cached document), no producer could save anyone min_gain tokens."""
+    waiting = [_req(f"r{i}", 1000, 10.0, first=7) for i in range(4)]
+    kwargs = dict(waiting=waiting, worker_busy=False, row_budget=8, token_budget=10**6, now=10.001)
+    assert (gate("flex", hit=940, min_gain=64).decide(**kwargs).reason) == NOTHING_TO_GAIN  # 60 tokens left each
+    assert gate("flex", hit=936, min_gain=64).decide(**kwargs).hold  # 64 left: a producer could save that much
+    assert gate("timer", hit=940, min_gain=64).decide(**kwargs).hold  # the fixed-hold ablation holds regardless
 
 
 def test_deadline_runs_from_the_oldest_arrival_so_nobody_waits_for_siblings() -> None:

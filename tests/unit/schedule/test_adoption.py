@@ -97,10 +97,10 @@ def test_the_synchronous_loop_needs_no_adoption() -> None:
 
 
 def test_adoption_takes_one_token_past_the_hit_and_not_less() -> None:
-    """The threshold: an in-flight request is adopted when it lands at least min_gain (1) tokens of the waiting
+    """The threshold: an in-flight request is adopted when it lands at least min_gain (1 here) tokens of the waiting
     request's path past what the tree already holds for it; one that shares only what the tree holds is not (the
     waiting request runs now, from its hit)."""
-    h = PassHarness(FULL, kv_size=8192, mamba_cache_size=64)
+    h = PassHarness(FULL, kv_size=8192, mamba_cache_size=64, min_gain_tokens=1)
     h.submit(make_request("base", DOC + [1]))
     assert rids(h.run_pass()) == ["base"]
     h.execute()  # DOC is in the tree

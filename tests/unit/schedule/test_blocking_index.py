@@ -19,7 +19,8 @@ DOC_B = list(range(2000, 2300))
 
 
 def state() -> SchedulingState:
-    sched = SchedulingState(RadixFlowConfig(), PublishMode.KV, 1)
+    """The index at token granularity: any gain blocks (min_gain 1)."""
+    sched = SchedulingState(RadixFlowConfig(min_gain_tokens=1), PublishMode.KV, 1)
     sched.begin_pass(1, [])
     return sched
 

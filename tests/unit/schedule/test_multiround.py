@@ -6,6 +6,8 @@ every KV slot, mamba slot and request row is back in the allocator or the tree a
 """
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sglang_radixflow.schedule.prefix_request import prefix_rid
@@ -24,8 +26,8 @@ def unrelated():  # noqa: ANN201
     return make_request("other", list(range(5000, 5300)))
 
 
-def harness(components, arm: str, prefix_requests: bool = True) -> PassHarness:  # noqa: ANN001
-    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64, prefix_requests=prefix_requests)
+def harness(components, arm: str, prefix_requests: bool = True, **cfg: Any) -> PassHarness:  # noqa: ANN001
+    return PassHarness(components, arm=arm, kv_size=8192, mamba_cache_size=64, prefix_requests=prefix_requests, **cfg)
 
 
 def prefix(rid: str, boundary: int = len(DOC)) -> str:
@@ -214,9 +216,9 @@ def test_full_attention_a_request_sharing_part_of_the_promise_waits_for_it() -> 
 
 def test_a_producer_with_a_hit_serves_a_sibling_one_token_past_it_and_not_one_sharing_only_the_hit() -> None:
     """The threshold on the producer's side: with the document in the tree (the producer's hit), a sibling that
-    shares one more token of its path (min_gain = 1) waits for it; one that shares only the document runs now, from
-    its hit, beside the producer."""
-    h = harness(FULL, "radixflow")
+    shares one more token of its path (min_gain = 1 here) waits for it; one that shares only the document runs now,
+    from its hit, beside the producer."""
+    h = harness(FULL, "radixflow", min_gain_tokens=1)
     h.submit(make_request("base", DOC + [1]))
     h.run_rounds()  # DOC is in the tree
     producer = make_request("p", DOC + [50] + list(range(2000, 2020)))

@@ -144,9 +144,10 @@ def test_consumers_wait_out_a_producer_chunked_past_the_deferral_bound(component
     """The token budget cuts the document into more chunks than the deferral bound allows rounds. The consumers are
     not released midway (each would compute the rest of the document again beside the producer): a continuation short
     of b spends the whole chunk budget, so SGLang's scan ends before it reaches them and nothing counts against their
-    bound until the last chunk. The document is computed once."""
+    bound until the last chunk. The document is computed once. (min_gain 1: with chunks of 48 tokens, the default
+    of 64 would let the consumers run beside the last chunk rather than wait for fewer than 64 tokens.)"""
     budget = 48
-    h = PassHarness(components, arm=arm, token_budget=budget, kv_size=8192, mamba_cache_size=64)
+    h = PassHarness(components, arm=arm, token_budget=budget, kv_size=8192, mamba_cache_size=64, min_gain_tokens=1)
     limit = h.cache.rf_sched.config.max_defer_rounds
     assert len(DOC) > (limit + 2) * budget  # the producer alone needs more rounds than the bound
     h.submit(*candidates())
