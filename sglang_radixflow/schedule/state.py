@@ -61,7 +61,10 @@ class SchedulingState:
         self.page_size = page_size  # the tree's unit: boundaries and partial promises are whole pages
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self._path_len = path_len  # the tree's held path length (RadixFlowCache.path_len), page size 1 only
-        self.gate = AdmissionGate(config.admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0),
+        # Full attention: a late sibling uses the first one's KV once its round lands (adopting it while in flight),
+        # the same round a hold would have given it, so `flex` holds gather nothing there (docs/design.md).
+        admission = "native" if mode is PublishMode.KV and config.admission == "flex" else config.admission
+        self.gate = AdmissionGate(admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0),
                                   config.min_gain_tokens)
         self.recorder = RoundRecorder(trace or TraceWriter(None))
         self.promises = PromiseTable(head_len=INDEX_PREFIX)  # indexed by the sibling key's tokens
@@ -81,7 +84,7 @@ class SchedulingState:
         self.traversal, self.disabled_reason = "native", reason
 
     def disable_hold(self, reason: str) -> None:
-        if self.gate.mode != "native":
+        if self.config.admission != "native":
             logger.warning("sglang-radixflow: admission hold disabled: %s", reason)
         self.gate.mode = "native"
 

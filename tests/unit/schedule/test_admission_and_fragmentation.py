@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from sglang_radixflow.config import RadixFlowConfig
 from sglang_radixflow.schedule.admission import NOTHING_TO_GAIN, QUIET, QUIET_AFTER, AdmissionGate
+from sglang_radixflow.schedule.producers import PublishMode
+from sglang_radixflow.schedule.state import SchedulingState
 from tests.unit.cache.helpers import FULL
 from tests.unit.schedule.harness import PassHarness, make_request
 
@@ -49,6 +52,16 @@ def test_flex_does_not_hold_requests_that_have_less_than_min_gain_left_to_comput
     assert (gate("flex", hit=940, min_gain=64).decide(**kwargs).reason) == NOTHING_TO_GAIN  # 60 tokens left each
     assert gate("flex", hit=936, min_gain=64).decide(**kwargs).hold  # 64 left: a producer could save that much
     assert gate("timer", hit=940, min_gain=64).decide(**kwargs).hold  # the fixed-hold ablation holds regardless
+
+
+def test_flex_never_holds_on_full_attention_where_late_siblings_use_the_first_ones_kv() -> None:
+    """Full attention: a sibling arriving after the first was scanned uses its KV from the next round on (adopting
+    it while in flight), as it would after a hold, so the hold would only delay the first. Hybrids keep it (a late
+    sibling finds no state at the branch point), and so do the fixed-hold ablations."""
+    modes = {mode: SchedulingState(RadixFlowConfig(), mode, 64).gate.mode for mode in PublishMode}
+    assert modes == {PublishMode.KV: "native", PublishMode.CHUNK_END: "flex", PublishMode.TRACK: "flex"}
+    timer = SchedulingState(RadixFlowConfig(admission="timer", hold_ms=5.0), PublishMode.KV, 1)
+    assert timer.gate.mode == "timer"
 
 
 def test_deadline_runs_from_the_oldest_arrival_so_nobody_waits_for_siblings() -> None:
