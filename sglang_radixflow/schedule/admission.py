@@ -2,10 +2,9 @@
 arriving together are scanned together (one producer, deferred consumers).
 
 `flex` releases as soon as the worker has work, the held requests fill the rows or (by remaining demand) the tokens
-of a round, none has min_gain tokens left to compute (no wait could save that much), or the oldest has waited
-`hold_ms`; `timer` only on the deadline. After QUIET_AFTER holds in a row that
-gathered nobody, idle arrivals are scanned at once, unless a sibling of theirs was scanned at once less than
-`hold_ms` before. With tensor parallelism rank 0 decides and broadcasts. See docs/design.md.
+of a round, none has min_gain tokens left to compute, or the oldest has waited `hold_ms`; `timer` only on the
+deadline. After QUIET_AFTER holds in a row that gathered nobody, idle arrivals are scanned at once, unless a sibling
+was scanned at once less than `hold_ms` before. Rank 0 decides for every TP rank. See docs/design.md.
 """
 from __future__ import annotations
 
@@ -28,14 +27,12 @@ class HoldDecision:
 
 
 def _arrival(req: Any) -> float:
-    """When the request entered the waiting queue (Scheduler._add_request_to_queue stamps perf_counter). A request
-    without a stamp counts as long overdue: holding must never delay it."""
+    """When the request entered SGLang's waiting queue (perf_counter); unstamped counts as overdue: never held."""
     return float(getattr(req.time_stats, "wait_queue_entry_time", 0.0) or 0.0)
 
 
 class AdmissionGate:
-    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int], min_gain: int = 1
-                 ) -> None:
+    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int], min_gain: int = 1):
         assert mode in ("native", "flex", "timer"), mode
         self.mode = mode
         self.hold_s = hold_ms / 1000.0
@@ -81,8 +78,7 @@ class AdmissionGate:
 
     def _sibling_scanned_at_once(self, waiting: list[Any], now: float) -> bool:
         """Once quiet: whether a waiting request's sibling (another request) was scanned at once less than hold_ms
-        before it arrived. Records the waiting requests as scanned at once (they are, unless this says hold). Costs
-        O(waiting): flex gets here only with fewer waiting than the row budget."""
+        before it arrived; records the waiting ones as scanned at once (flex gets here with under S waiting)."""
         # scanned less than hold_ms ago, hence less than hold_ms before any waiting request arrived (arrivals <= now)
         recent = {key: seen for key, seen in self._scanned_at_once.items() if now - seen[0] < self.hold_s}
         arrivals = [(key, _arrival(req), req.rid) for req in waiting if (key := sibling_key(req)) is not None]
@@ -92,8 +88,7 @@ class AdmissionGate:
         self._scanned_at_once = recent
         return met
 
-    def _demand(self, req: Any) -> int:
-        """The request's remaining demand: prompt minus its state-ready hit."""
+    def _demand(self, req: Any) -> int:  # prompt minus state-ready hit
         rid = str(req.rid)
         if rid not in self._demands:
             tokens = request_tokens(req)

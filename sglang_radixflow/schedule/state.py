@@ -61,8 +61,7 @@ class SchedulingState:
         self.page_size = page_size  # the tree's unit: boundaries and partial promises are whole pages
         self.fragment_min_tokens = self.cache_chunk if mode is not PublishMode.KV else FULL_ATTENTION_FRAGMENT_MIN
         self._path_len = path_len  # the tree's held path length (RadixFlowCache.path_len), page size 1 only
-        # Full attention: a late sibling uses the first one's KV once its round lands (adopting it while in flight),
-        # the same round a hold would have given it, so `flex` holds gather nothing there (docs/design.md).
+        # Full attention: a late sibling uses the first one's KV from the round a hold would give it (docs/design.md)
         admission = "native" if mode is PublishMode.KV and config.admission == "flex" else config.admission
         self.gate = AdmissionGate(admission, config.hold_ms, state_ready_len or (lambda ns, toks: 0),
                                   config.min_gain_tokens)
