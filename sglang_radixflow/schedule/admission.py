@@ -32,7 +32,7 @@ def _arrival(req: Any) -> float:
 
 
 class AdmissionGate:
-    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int], min_gain: int = 1):
+    def __init__(self, mode: str, hold_ms: float, state_ready_len: Callable[[Any, Any], int], min_gain: int):
         assert mode in ("native", "flex", "timer"), mode
         self.mode = mode
         self.hold_s = hold_ms / 1000.0

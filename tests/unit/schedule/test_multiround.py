@@ -237,6 +237,29 @@ def test_a_producer_with_a_hit_serves_a_sibling_one_token_past_it_and_not_one_sh
     h.assert_idle_invariants()
 
 
+def test_by_default_a_sibling_waits_only_for_64_tokens_past_its_hit() -> None:
+    """The default minimum gain (64): with the document in the tree, a sibling sharing a 20-token question with the
+    producer runs beside it, from its hit (the question costs less than a round's wait); one sharing 70 more tokens
+    waits for the producer's round and then starts past them."""
+    h = harness(FULL, "radixflow")
+    assert h.cache.rf_sched.config.min_gain_tokens == 64
+    h.submit(make_request("base", DOC + [1]))
+    h.run_rounds()  # DOC is in the tree
+    question, long_question = list(range(2000, 2020)), list(range(3000, 3070))
+    producer = make_request("p", DOC + long_question + question + [7])
+    short = make_request("short", DOC + question + [8])
+    short_producer = make_request("sp", DOC + question + [9])
+    long = make_request("long", DOC + long_question + [10])
+    h.submit(producer, short_producer, short, long)
+    batch = h.run_pass()
+    assert sorted(r.rid for r in batch) == ["p", "short", "sp"]  # "short" shares 20 tokens with "sp": no wait
+    assert [r.rid for r in h.waiting] == ["long"]
+    h.execute()
+    h.run_rounds()
+    assert (short.cached_tokens, long.cached_tokens) == (len(DOC), len(DOC) + len(long_question))
+    h.assert_idle_invariants()
+
+
 def test_full_attention_promise_is_published_when_the_producers_kv_lands() -> None:
     """The producer's KV enters the tree as one node running past b: the promise counts as published (a full-attention
     prefix is usable inside a node), not as cancelled."""
