@@ -4,12 +4,12 @@ flight it adopts) waits one round instead of recomputing it, within its deferral
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from sglang_radixflow.cache.promises import Promise, PromiseTable
 from sglang_radixflow.schedule.in_flight import Adoption, InFlightTable
 from sglang_radixflow.schedule.producers import key_limit, namespace_of, request_tokens
-from sglang_radixflow.schedule.siblings import sibling_key
+from sglang_radixflow.schedule.siblings import SiblingKey
 
 DEFER_COUNT = "rf_defer_rounds"  # per-request attribute: passes this request was deferred as Blocked
 
@@ -22,13 +22,12 @@ class BlockingRules:
     page_size: int
 
 
-def blocked_on(req: Any, promises: PromiseTable, in_flight: InFlightTable, rules: BlockingRules,
-               bounded: bool = True) -> Union[Promise, Adoption, None]:
-    """What `req` must wait for: the open promise that serves the most of its prefix, else the in-flight request to
-    adopt; None when it is Ready (or, `bounded`, past its deferral bound)."""
+def blocked_on(req: Any, key: Optional[SiblingKey], promises: PromiseTable, in_flight: InFlightTable,
+               rules: BlockingRules, bounded: bool = True) -> Union[Promise, Adoption, None]:
+    """What `req` (whose sibling key is `key`) must wait for: the open promise that serves the most of its prefix,
+    else the in-flight request to adopt; None when it is Ready (or, `bounded`, past its deferral bound)."""
     if bounded and getattr(req, DEFER_COUNT, 0) >= rules.max_defer_rounds:
         return None
-    key = sibling_key(req)
     candidates = promises.candidates(key)
     waiting_on = in_flight.on_key(key)
     if not candidates and not waiting_on:
@@ -40,4 +39,5 @@ def blocked_on(req: Any, promises: PromiseTable, in_flight: InFlightTable, rules
                                 exclude_rid=str(req.rid), candidates=candidates)
     if promise is not None or not waiting_on:
         return promise
-    return in_flight.best_adoption(req, tokens, state_hit + rules.min_gain, limit, rules.partial, rules.page_size)
+    need = state_hit + rules.min_gain
+    return in_flight.best_adoption(req, waiting_on, tokens, need, limit, rules.partial, rules.page_size)

@@ -46,8 +46,8 @@ class InFlightTable:
     def __init__(self) -> None:
         self._by_key: dict[SiblingKey, dict[int, InFlightRequest]] = {}
 
-    def track(self, req: Any, round_id: int) -> None:
-        key = sibling_key(req)
+    def track(self, req: Any, key: Optional[SiblingKey], round_id: int) -> None:
+        """req (sibling key `key`) was admitted in round `round_id`."""
         if key is None or not lands_under_token_ids(req):
             return
         assert isinstance(req.extend_end, int), "Req.extend_end is an int once admitted"
@@ -75,13 +75,14 @@ class InFlightTable:
         group = self._by_key.get(key) if key is not None else None
         return list(group.values()) if group else []
 
-    def best_adoption(self, req: Any, tokens: Sequence[int], need: int, limit: int, partial: bool,
-                      page_size: int) -> Optional[Adoption]:
-        """The in-flight request that will land the most of `req`'s first `limit` tokens, at least `need` of them.
+    def best_adoption(self, req: Any, entries: list[InFlightRequest], tokens: Sequence[int], need: int, limit: int,
+                      partial: bool, page_size: int) -> Optional[Adoption]:
+        """Of `entries` (on req's key), the in-flight request that will land the most of `req`'s first `limit`
+        tokens, at least `need` of them.
         Full attention (`partial`): its whole extend, shared in part. extra_buffer hybrid: the one state SGLang
         snapshots inside the extend, which `req` must share whole."""
         best: Optional[tuple[Any, int, int]] = None  # (request, tokens it serves req, boundary of its promise)
-        for entry in self.on_key(sibling_key(req)):
+        for entry in entries:
             other = entry.req
             if other is req:
                 continue

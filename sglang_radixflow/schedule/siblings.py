@@ -65,9 +65,13 @@ class SiblingIndex:
             if not group:
                 del self._groups[key]
 
-    def siblings_of(self, req: Any) -> list[Any]:
-        """The other indexed requests with req's sibling key (empty when it has none), in no particular order (no
-        decision depends on it)."""
-        key = sibling_key(req)
+    def key_of(self, req: Any) -> Optional[SiblingKey]:
+        """req's sibling key: the one it was indexed under, else computed."""
+        member = self._members.get(id(req))
+        return member[1] if member is not None and member[0] is req else sibling_key(req)
+
+    def group(self, key: Optional[SiblingKey]) -> list[Any]:
+        """The indexed requests with this sibling key (none for None), in no particular order (no decision depends
+        on it)."""
         group = self._groups.get(key) if key is not None else None
-        return [other for other in group.values() if other is not req] if group else []
+        return list(group.values()) if group else []

@@ -25,7 +25,7 @@ from sglang_radixflow.schedule.producers import (
     ProducerPlan, PublishMode, is_cache_only, namespace_of, native_branch, plan_cache_only, plan_producer,
     request_tokens,
 )
-from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingIndex
+from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingIndex, SiblingKey
 
 logger = logging.getLogger("sglang_radixflow")
 SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
@@ -136,28 +136,34 @@ class SchedulingState:
     def active(self) -> bool:
         return self.traversal != "native" and self.current is not None
 
-    def siblings_of(self, req: Any) -> list[Any]:
-        """req's waiting siblings not admitted in this pass."""
+    def sibling_key(self, req: Any) -> Optional[SiblingKey]:
+        """req's sibling key, read from the sibling index (synced with the pass's queue when a request first asks)."""
         assert self.current is not None
         if not self.current.indexed:
             self.siblings.sync(self.current.waiting)
             self.current.indexed = True
+        return self.siblings.key_of(req)
+
+    def siblings_of(self, req: Any) -> list[Any]:
+        """req's waiting siblings not admitted in this pass."""
+        assert self.current is not None
         admitted = self.current.admitted_ids
-        return [sib for sib in self.siblings.siblings_of(req) if id(sib) not in admitted]
+        return [sib for sib in self.siblings.group(self.sibling_key(req)) if sib is not req and id(sib) not in admitted]
 
     # ---- verdicts ----
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The promise `req` waits for in this pass (an in-flight request it adopts gets one), or None: Ready."""
         if not self.active:
             return None
-        blocker = blocked_on(req, self.promises, self.in_flight, self.rules)
+        blocker = blocked_on(req, self.sibling_key(req), self.promises, self.in_flight, self.rules)
         if isinstance(blocker, Adoption):
             return self._adopt(blocker)
         return blocker
 
     def is_blocked_by_promise(self, req: Any) -> bool:
         """Whether an open promise blocks `req`, whatever its deferral count (the record's avoidable bubble)."""
-        return isinstance(blocked_on(req, self.promises, self.in_flight, self.rules, bounded=False), Promise)
+        key = self.siblings.key_of(req)
+        return isinstance(blocked_on(req, key, self.promises, self.in_flight, self.rules, bounded=False), Promise)
 
     def _adopt(self, adoption: Adoption) -> Promise:
         """A promise for the in-flight request, published when it lands, cancelled if it is released first."""
@@ -264,7 +270,7 @@ class SchedulingState:
         current.stats.admitted_reqs.append(req)
         current.admitted_ids.add(id(req))
         if self.tracks_in_flight:
-            self.in_flight.track(req, current.stats.round_id)  # a sibling arriving later may adopt it
+            self.in_flight.track(req, self.sibling_key(req), current.stats.round_id)  # a sibling arriving later may adopt it
         if plan is None:
             current.non_producers += 1
             return

@@ -50,8 +50,8 @@ def test_request_tokens_and_sibling_keys() -> None:
     assert sibling_key(make_request("short", DOC_A[:INDEX_PREFIX])) is None
     index = SiblingIndex()
     index.sync([a1, a2, make_request("b", DOC_B), a1])  # a request queued twice counts once
-    assert index.siblings_of(a1) == [a2] and index.siblings_of(a2) == [a1]
-    assert index.siblings_of(make_request("short", DOC_A[:INDEX_PREFIX])) == []
+    assert index.group(index.key_of(a1)) == [a1, a2] and index.key_of(a2) == sibling_key(a2)
+    assert index.group(index.key_of(make_request("short", DOC_A[:INDEX_PREFIX]))) == []
 
 
 def test_the_sibling_index_follows_the_queue_across_passes() -> None:
@@ -70,8 +70,8 @@ def test_the_sibling_index_follows_the_queue_across_passes() -> None:
             continue  # a pass that never asked for siblings
         index.sync(queue)
         for req in pool:
-            expected = sorted(o.rid for o in queue if o is not req and sibling_key(o) == sibling_key(req))
-            assert sorted(o.rid for o in index.siblings_of(req)) == expected
+            expected = sorted({o.rid for o in queue if sibling_key(o) == sibling_key(req)})
+            assert sorted(o.rid for o in index.group(index.key_of(req))) == expected
         admitted = [r for r in queue if rng.random() < 0.3]
         queue = [r for r in queue if r not in admitted]
         if admitted and rng.random() < 0.2:
