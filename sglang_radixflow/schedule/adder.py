@@ -116,7 +116,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         if plan is not None and self._waits_for_chunk_slot(req, plan, sched):
             # Its state at b can only be published by cutting its chunk there, and SGLang tracks one chunked request
             # at a time: it waits for the slot instead of letting every sibling recompute the prefix (bounded).
-            sched.note_slot_wait(req)
+            sched.note_blocked(req, counter=SLOT_WAITS)  # bounded separately: the chunk slot frees every round
             return self._defer(req)
         if plan is not None and self._needs_prefix_request(req, plan, sched):
             return self._admit_prefix_request(req, plan, has_chunked_req, truncation_align_size)

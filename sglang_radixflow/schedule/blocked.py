@@ -39,5 +39,5 @@ def blocked_on(req: Any, key: Optional[SiblingKey], promises: PromiseTable, in_f
                                 exclude_rid=str(req.rid), candidates=candidates)
     if promise is not None or not waiting_on:
         return promise
-    need = state_hit + rules.min_gain
-    return in_flight.best_adoption(req, waiting_on, tokens, need, limit, rules.partial, rules.page_size)
+    return in_flight.best_adoption(req, waiting_on, tokens, state_hit + rules.min_gain, limit, rules.partial,
+                                   rules.page_size)

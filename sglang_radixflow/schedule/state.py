@@ -25,7 +25,7 @@ from sglang_radixflow.schedule.producers import (
     ProducerPlan, PublishMode, is_cache_only, namespace_of, native_branch, plan_cache_only, plan_producer,
     request_tokens,
 )
-from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingIndex, SiblingKey
+from sglang_radixflow.schedule.siblings import INDEX_PREFIX, SiblingIndex
 
 logger = logging.getLogger("sglang_radixflow")
 SLOT_WAITS = "rf_slot_waits"  # per-request attribute: passes a would-be producer waited for the chunk slot
@@ -36,15 +36,13 @@ FULL_ATTENTION_FRAGMENT_MIN = 64  # tokens; hybrids use their checkpoint grid
 
 @dataclass
 class Pass:
-    """One prefill scheduling pass (Scheduler._get_new_batch_prefill_raw): created by begin_pass, dropped by end_pass."""
+    """One prefill scheduling pass (Scheduler._get_new_batch_prefill_raw), from begin_pass to end_pass."""
 
     stats: PassStats
-    waiting: list[Any]  # SGLang's queue when the pass began
     row_budget: Optional[int]
     token_budget: Optional[int]
     holds: Holds
     began: float = field(default_factory=time.perf_counter)  # the first-selection time of what it admits
-    indexed: bool = False  # the sibling index was synced with `waiting` (when a request first asks)
     admitted_ids: set[int] = field(default_factory=set)
     non_producers: int = 0  # admitted; producer rows hold Ready ones past S - R of these
 
@@ -99,18 +97,15 @@ class SchedulingState:
         return BlockingRules(self.config.min_gain_tokens, self.config.max_defer_rounds,
                              partial=self.mode is PublishMode.KV, page_size=self.page_size)
 
-    @property
-    def tracks_in_flight(self) -> bool:
-        """Admitted requests may be adopted while in flight (full attention and extra_buffer hybrids, traversal on)."""
-        return self.mode is not PublishMode.CHUNK_END and self.traversal != "native"
-
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None,
                    token_budget: Optional[int] = None) -> None:
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         self.in_flight.forget_before(round_id - 1)
-        self.current = Pass(PassStats(round_id=round_id, waiting=len(waiting)), waiting, row_budget, token_budget,
+        self.current = Pass(PassStats(round_id=round_id, waiting=len(waiting)), row_budget, token_budget,
                             Holds(lookahead=row_budget or 1))
+        if self.traversal != "native":
+            self.siblings.sync(waiting)
 
     def end_pass(self, remaining: list[Any]) -> Optional[PassStats]:
         """The pass is over and SGLang's queue is `remaining`: the hits of what it admitted, summed and written to
@@ -119,7 +114,7 @@ class SchedulingState:
         if current is None:
             return None
         stats = current.stats
-        if current.indexed:
+        if self.traversal != "native":
             self.siblings.left(stats.admitted_reqs, remaining)
         for req in stats.admitted_reqs:
             # SGLang matches a request once per pass, and nothing after the adder moves its prefix_len
@@ -136,34 +131,27 @@ class SchedulingState:
     def active(self) -> bool:
         return self.traversal != "native" and self.current is not None
 
-    def sibling_key(self, req: Any) -> Optional[SiblingKey]:
-        """req's sibling key, read from the sibling index (synced with the pass's queue when a request first asks)."""
-        assert self.current is not None
-        if not self.current.indexed:
-            self.siblings.sync(self.current.waiting)
-            self.current.indexed = True
-        return self.siblings.key_of(req)
-
     def siblings_of(self, req: Any) -> list[Any]:
         """req's waiting siblings not admitted in this pass."""
         assert self.current is not None
         admitted = self.current.admitted_ids
-        return [sib for sib in self.siblings.group(self.sibling_key(req)) if sib is not req and id(sib) not in admitted]
+        group = self.siblings.group(self.siblings.key_of(req))
+        return [sib for sib in group if sib is not req and id(sib) not in admitted]
 
     # ---- verdicts ----
     def blocking_promise(self, req: Any) -> Optional[Promise]:
         """The promise `req` waits for in this pass (an in-flight request it adopts gets one), or None: Ready."""
         if not self.active:
             return None
-        blocker = blocked_on(req, self.sibling_key(req), self.promises, self.in_flight, self.rules)
+        blocker = blocked_on(req, self.siblings.key_of(req), self.promises, self.in_flight, self.rules)
         if isinstance(blocker, Adoption):
             return self._adopt(blocker)
         return blocker
 
     def is_blocked_by_promise(self, req: Any) -> bool:
         """Whether an open promise blocks `req`, whatever its deferral count (the record's avoidable bubble)."""
-        key = self.siblings.key_of(req)
-        return isinstance(blocked_on(req, key, self.promises, self.in_flight, self.rules, bounded=False), Promise)
+        blocker = blocked_on(req, self.siblings.key_of(req), self.promises, self.in_flight, self.rules, bounded=False)
+        return isinstance(blocker, Promise)
 
     def _adopt(self, adoption: Adoption) -> Promise:
         """A promise for the in-flight request, published when it lands, cancelled if it is released first."""
@@ -183,9 +171,6 @@ class SchedulingState:
         self.current.stats.blocked_skips += 1
         if self.traversal == "stop":
             self.current.stats.stopped_on_blocked = True
-
-    def note_slot_wait(self, req: Any) -> None:
-        self.note_blocked(req, counter=SLOT_WAITS)  # bounded separately: the chunk slot frees every round
 
     def note_fragment_skip(self, req: Any) -> None:
         setattr(req, FRAG_SKIPS, getattr(req, FRAG_SKIPS, 0) + 1)
@@ -236,7 +221,10 @@ class SchedulingState:
 
     def hold_cut(self, req: Any) -> None:
         assert self.current is not None
-        setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
+        if not self.current.holds.cut_any:
+            # Natively the pass cuts this request and ends: only its chunk is delayed, so only it spends its bound
+            setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
+            self.current.holds.cut_any = True
         self.current.holds.with_cut.pop(id(req), None)
         self.current.holds.hold(req)
         self.current.stats.cut_held += 1
@@ -269,8 +257,9 @@ class SchedulingState:
         current.holds.note_admitted()  # a whole request: the run of held ones is broken
         current.stats.admitted_reqs.append(req)
         current.admitted_ids.add(id(req))
-        if self.tracks_in_flight:
-            self.in_flight.track(req, self.sibling_key(req), current.stats.round_id)  # a sibling arriving later may adopt it
+        if self.mode is not PublishMode.CHUNK_END and self.traversal != "native":
+            # a later sibling may adopt it in flight (full attention, extra_buffer hybrids; see docs/design.md)
+            self.in_flight.track(req, self.siblings.key_of(req), current.stats.round_id)
         if plan is None:
             current.non_producers += 1
             return

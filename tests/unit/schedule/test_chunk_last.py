@@ -95,6 +95,24 @@ def test_holds_are_bounded_per_request() -> None:
     assert first == ["u0", "L"]
 
 
+def test_only_the_request_the_pass_would_cut_spends_its_bound() -> None:
+    """Natively a pass cuts one request and ends: the requests behind it are not admitted either way, so a look-past
+    that passes over them does not delay them and must not spend their bound. With a bound of 1: L is cut-held in
+    round 1 and M, behind it, is passed over too; in round 2 M is the one the budget would cut, and it is still held,
+    so s1 (arrived after round 1) runs whole before it."""
+    h = PassHarness(FULL, token_budget=400, rows=8, kv_size=16384, producer_rows=0, chunk_last=True)
+    h.cache.rf_sched.config = load_config({"RADIXFLOW_MAX_DEFER_ROUNDS": "1", "RADIXFLOW_PRODUCER_ROWS": "0"})
+    h.submit(make_request("u0", prompt(1, 200)), make_request("L", prompt(1001, 300)),
+             make_request("M", prompt(20_001, 300)), make_request("s0", prompt(5001, 40)))
+    first = h.run_pass()
+    assert [(r.rid, r.extend_end - r.prefix_len) for r in first] == [("u0", 200), ("s0", 40), ("L", 160)]
+    h.execute()
+    h.submit(make_request("s1", prompt(7001, 40)))
+    rounds = [[(f.rid, f.prefix_len, f.extend_len) for f in r.fragments] for r in h.run_rounds()]
+    h.assert_idle_invariants()
+    assert rounds[0] == [("L", 160, 140), ("s1", 0, 40), ("M", 0, 220)]
+
+
 def cut_pass(queue: list[Any]) -> tuple[dict[str, Any], list[str]]:
     """One token-bound pass (T = 400, S = 64): its record, and the rids SGLang matched in it (in order)."""
     h = PassHarness(FULL, token_budget=400, rows=64, kv_size=65536, producer_rows=0, chunk_last=True)
