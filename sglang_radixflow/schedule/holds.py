@@ -24,7 +24,6 @@ class Holds:
         self.over = False  # the held requests were offered: no more holds in this pass
         self.run = 0  # requests held in a row (an admission breaks the run)
         self.with_cut: dict[int, Any] = {}  # waiting siblings of a held cut producer: held when the scan reaches them
-        self.cut_any = False  # a request the budget would cut was held (later ones would not be admitted natively)
         self.position = 0  # scan position of the request the adder is examining
         self.scan: Optional[object] = None  # the iteration of the queue that is SGLang's scan
         self.yielding: Optional[object] = None  # the iteration that yielded last

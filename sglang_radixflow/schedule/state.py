@@ -221,10 +221,9 @@ class SchedulingState:
 
     def hold_cut(self, req: Any) -> None:
         assert self.current is not None
-        if not self.current.holds.cut_any:
+        if not self.current.stats.cut_held:
             # Natively the pass cuts this request and ends: only its chunk is delayed, so only it spends its bound
             setattr(req, CUT_HOLDS, getattr(req, CUT_HOLDS, 0) + 1)
-            self.current.holds.cut_any = True
         self.current.holds.with_cut.pop(id(req), None)
         self.current.holds.hold(req)
         self.current.stats.cut_held += 1
