@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export SGLANG_USE_CPU_ENGINE=${SGLANG_USE_CPU_ENGINE:-1}
-exec .venv/bin/python -m pytest -p no:cacheprovider -q -ra tests "$@"
+exec .venv/bin/python -m pytest -p no:cacheprovider -q -ra "$@"   # no path: every test (pytest.ini testpaths)

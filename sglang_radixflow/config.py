@@ -43,7 +43,7 @@ class RadixFlowConfig:
     chunk_last: bool = True
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
-    rr_block_tokens: int = 16  # RR-Evict tail unit on full-attention paths (--radix-eviction-policy rr)
+    rr_block_tokens: Optional[int] = None  # RR-Evict tail unit on full-attention paths; None: 16 tokens in whole pages
     rr_order: str = "share"  # RR-Evict: next idle trajectory = largest retained share | plain cursor (ablation)
 
     def __post_init__(self) -> None:
@@ -80,13 +80,15 @@ def _bool(name: str, raw: str) -> object:
 
 
 def _number(kind: type, minimum: float) -> Callable[[str, str], object]:
+    allowed = f"{'an integer' if kind is int else 'a number'} >= {minimum}"
+
     def parse(name: str, raw: str) -> object:
         try:
             value = kind(raw)
         except ValueError:
-            raise ConfigError(f"{name}={raw!r} is invalid; allowed: a {kind.__name__} >= {minimum}") from None
+            raise ConfigError(f"{name}={raw!r} is invalid; allowed: {allowed}") from None
         if value < minimum or value != value:
-            raise ConfigError(f"{name}={raw!r} is invalid; allowed: a {kind.__name__} >= {minimum}")
+            raise ConfigError(f"{name}={raw!r} is invalid; allowed: {allowed}")
         return value
 
     return parse

@@ -37,7 +37,7 @@ RETURN_ORDERS = ("idle-time", "random")
 class AgentParams:
     agents: int = 20  # n
     active: int = 4  # n_a: turns in flight at once
-    capacity: float = 17.0  # m: cache capacity, in trajectories of mean length
+    capacity: float = 17.0  # m: cache capacity, in trajectories of final length
     turns: int = 8  # per agent
     system_tokens: int = 200  # shared by every agent
     first_tokens: int = 600  # private first user message

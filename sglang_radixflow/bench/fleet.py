@@ -176,7 +176,7 @@ SPLIT_HEAD = ("| run | worker | requests | errors | prefill rounds | computed / 
 def add_fleet_arguments(parser: Any, default_router: str) -> None:
     """--workers, --router, --router-args, --no-reference of the benches. `default_router`: the gateway policy that
     suits the bench's traffic (cache_aware for documents; sticky_round_robin, by trajectory, for agents:
-    docs/measurements.md)."""
+    docs/deployment.md)."""
     from sglang_radixflow.bench.gateway import ROUTERS, TESTED_SMG_VERSION
 
     parser.add_argument("--workers", type=int, default=1,

@@ -28,7 +28,7 @@ from sglang_radixflow.schedule.prefix_request import split_prefix_rid
 
 REPLAY_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow", "radixflow+frag")
 DEFAULT_INSTANCES: tuple[str, ...] = ("figure1", "mc-mixed", "mc-cold")
-TARGET_RATIO = 1.05  # radixflow rounds <= 1.05 x lower bound (issue 4)
+TARGET_RATIO = 1.05  # radixflow rounds <= 1.05 x lower bound: the replay's target
 DEFAULT_QUESTIONS = 48  # per generated instance: the live bench's 48-question burst
 
 

@@ -11,7 +11,7 @@ Document lengths follow the two datasets, scaled so a 2-core CPU run takes minut
 Questions are drawn 2:1 quality:race_m (the paper's 1034:517). The budget T is scaled like QuALITY (8192 x 0.25).
 `doc_scale` in (0, 1] (default 1) keeps that leading fraction of every document, everything else (datasets,
 questions, candidates, arrivals) unchanged: on a CPU a round's cost grows with its tokens, while on a GPU it is nearly
-flat at these sizes; shorter documents move a CPU run toward the GPU's regime (see the README's cost identity).
+flat at these sizes; shorter documents move a CPU run toward the GPU's regime (see docs/benchmarks.md).
 
 Streams (how documents are shared ACROSS questions; the 4 branches of a question always share doc + question):
 - `cold`:  every question has its own document: no token is shared between questions;

@@ -88,6 +88,14 @@ def depth_of(node: "UnifiedTreeNode") -> int:
     return depth
 
 
+DEFAULT_BLOCK_TOKENS = 16
+
+
+def default_block(page_size: int) -> int:
+    """RR-Evict's tail unit when none is given: 16 tokens, rounded up to whole pages (the tree cuts only pages)."""
+    return -(-DEFAULT_BLOCK_TOKENS // page_size) * page_size
+
+
 class RoundRobinEvictor:
     """Rotation, trajectory tags and the unit in progress; one per cache, shared by the FULL and MAMBA walks."""
 
@@ -378,9 +386,10 @@ class RadixFlowRRCache(RadixFlowCache):
 
         # --radix-eviction-policy-config first; what it leaves out comes from RADIXFLOW_RR_* (`configure`)
         self.rr_policy_config = check_policy_config(params.eviction_policy_config, int(params.page_size))
-        defaults = RadixFlowConfig()
-        self.rf_rr = RoundRobinEvictor(self.rr_policy_config.get("block", defaults.rr_block_tokens),
-                                       int(params.page_size), self.rr_policy_config.get("order", defaults.rr_order))
+        page_size = int(params.page_size)
+        # provisional until `configure` reads RADIXFLOW_RR_*: the default block, valid at any page size
+        self.rf_rr = RoundRobinEvictor(self.rr_policy_config.get("block", default_block(page_size)), page_size,
+                                       self.rr_policy_config.get("order", RadixFlowConfig().rr_order))
         override = dict(params.component_registry_override or {})
         for ct, cls in RR_COMPONENTS.items():
             existing = override.get(ct)
@@ -396,7 +405,7 @@ class RadixFlowRRCache(RadixFlowCache):
 
     def configure(self, config: "RadixFlowConfig", tp_rank: int = 0) -> None:
         super().configure(config, tp_rank)
-        block = self.rr_policy_config.get("block", config.rr_block_tokens)
+        block = self.rr_policy_config.get("block", config.rr_block_tokens or default_block(self.rf_rr.page_size))
         self.rf_rr.block = RoundRobinEvictor.check_block(block, self.rf_rr.page_size)
         self.rf_rr.order = RoundRobinEvictor.check_order(self.rr_policy_config.get("order", config.rr_order))
         if tp_rank == 0:

@@ -7,7 +7,7 @@ walks (host-tier eviction, the mamba fallback walk when no idle trajectory is le
 `lru`. Kept tiny: plugin.register() imports it in every process.
 
 The knobs, one source of truth: `--radix-eviction-policy-config '{"block": 32, "order": "share"}'`; a key left out
-falls back to RADIXFLOW_RR_BLOCK / RADIXFLOW_RR_ORDER, then to the defaults (16, share).
+falls back to RADIXFLOW_RR_BLOCK / RADIXFLOW_RR_ORDER, then to the defaults (16 tokens in whole pages, share).
 """
 from __future__ import annotations
 

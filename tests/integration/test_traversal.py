@@ -283,7 +283,7 @@ def test_an_extra_buffer_sibling_sent_during_a_requests_round_waits_for_its_snap
     scheduler (on the CPU runtime). A request alone on the server snapshots one state inside its extend, on
     the 64-token grid (2944 of a 3003-token prompt), which enters the tree only when its round's results are
     processed, after the next pass. A sibling sharing the 3000-token document that reaches that pass adopts the
-    request: it waits a round and starts from 2944 (before session 19 it recomputed the document beside it, from 0).
+    request: it waits a round and starts from 2944 (without adoption it recomputes the document beside it, from 0).
     Same send gaps as above; whatever the timing, the second request starts from the snapshot. A sibling that branches
     before the snapshot (2940 shared tokens, the snapshot at 2944) has nothing to wait for: it is never adopted."""
     trace = tmp_path / "radixflow.jsonl"
@@ -338,8 +338,8 @@ def test_siblings_sent_while_a_chunked_prompt_continues_wait_for_its_state(
     waited when it was admitted). It becomes their producer, and the siblings start from its state at the branch
     point: no_buffer cuts its continuation there (3000, off the 256 grid); extra_buffer snapshots inside the
     continuation at the branch point's last position on the 64-token grid (2944). The document is computed once
-    (natively each sibling recomputes it; before session 17 the first late sibling produced it again beside the
-    continuation, and before session 18 still did on extra_buffer), and outputs equal native SGLang's.
+    (natively each sibling recomputes it; without the continuation becoming their producer, the first late sibling
+    would produce it again beside the continuation), and outputs equal native SGLang's.
     The document spans twelve chunks so that the siblings reach the scheduler before the last one is planned even on a
     loaded 2-core machine (with a 1000-token document, CI once saw the first sibling arrive after that, at 768)."""
     rng = random.Random(41)

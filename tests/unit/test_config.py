@@ -26,11 +26,11 @@ def test_variables_override_the_preset() -> None:
     [
         ({"RADIXFLOW_ARM": "fast"}, "RADIXFLOW_ARM='fast' is invalid; allowed: sglang, prefix-stop"),
         ({"RADIXFLOW_TRAVERSAL": "x"}, "RADIXFLOW_TRAVERSAL='x' is invalid; allowed: skip, stop, native"),
-        ({"RADIXFLOW_HOLD_MS": "-1"}, "RADIXFLOW_HOLD_MS='-1' is invalid; allowed: a float >= 0.0"),
+        ({"RADIXFLOW_HOLD_MS": "-1"}, "RADIXFLOW_HOLD_MS='-1' is invalid; allowed: a number >= 0.0"),
         ({"RADIXFLOW_HOLD_MS": "soon"}, "RADIXFLOW_HOLD_MS='soon' is invalid"),
-        ({"RADIXFLOW_MAX_DEFER_ROUNDS": "2.5"}, "RADIXFLOW_MAX_DEFER_ROUNDS='2.5' is invalid; allowed: a int >= 0"),
+        ({"RADIXFLOW_MAX_DEFER_ROUNDS": "2.5"}, "RADIXFLOW_MAX_DEFER_ROUNDS='2.5' is invalid; allowed: an integer >= 0"),
         ({"RADIXFLOW_FRAGMENTATION": "maybe"}, "RADIXFLOW_FRAGMENTATION='maybe' is invalid; allowed: 1/0"),
-        ({"RADIXFLOW_MIN_GAIN_TOKENS": "0"}, "RADIXFLOW_MIN_GAIN_TOKENS='0' is invalid; allowed: a int >= 1"),
+        ({"RADIXFLOW_MIN_GAIN_TOKENS": "0"}, "RADIXFLOW_MIN_GAIN_TOKENS='0' is invalid; allowed: an integer >= 1"),
         ({"RADIXFLOW_TRAVERSE": "skip"}, "unknown variable(s) RADIXFLOW_TRAVERSE; known: RADIXFLOW_ARM"),
     ],
 )

@@ -147,5 +147,5 @@ def test_producer_rows_fill_the_rounds_of_generated_instances() -> None:
 def test_the_variable_is_validated() -> None:
     assert load_config({"RADIXFLOW_PRODUCER_ROWS": "0"}).producer_rows == 0  # the paper's FCFS scan
     assert load_config({}).producer_rows == load_config({"RADIXFLOW_ARM": "radixflow+frag"}).producer_rows == 2
-    with pytest.raises(ConfigError, match="RADIXFLOW_PRODUCER_ROWS='-1' is invalid; allowed: a int >= 0"):
+    with pytest.raises(ConfigError, match="RADIXFLOW_PRODUCER_ROWS='-1' is invalid; allowed: an integer >= 0"):
         load_config({"RADIXFLOW_PRODUCER_ROWS": "-1"})
