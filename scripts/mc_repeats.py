@@ -2,8 +2,8 @@
 """Repeat `radixflow bench multi-candidate` K times and pool the arms' numbers.
 
 On a shared 2-core CPU one run's mean latency is noisy at the overloading rates the bench uses: a few milliseconds
-of interference early on decide whether a queue builds, and the same arm's mean moved 0.13-0.39 s between runs of
-one day. Rounds and reuse move much less. This runs the bench K times back to back (every repetition starts
+of interference early on decide whether a queue builds, and the same arm's mean moved 0.13-0.39 s between runs made
+back to back. Rounds and reuse move much less. This runs the bench K times back to back (every repetition starts
 fresh servers for every arm, in the bench's own arm order), then reports per model and arm the mean and median
 over repetitions of each run's mean latency, its P95, rounds, prefill rounds and both reuse ratios, and, per pair of
 arms, in how many repetitions the first had the lower mean latency.

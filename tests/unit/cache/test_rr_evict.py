@@ -463,7 +463,6 @@ def test_policy_config_sets_the_knobs_before_the_environment(monkeypatch):
         build(RadixFlowRRCache, FULL, eviction_policy="rr", kv_size=256, page_size=8, eviction_policy_config={"block": 12})
 
 
-
 def test_the_environment_sets_a_block_on_pages_that_16_does_not_divide():
     """At --page-size 32 the default block is one page, RADIXFLOW_RR_BLOCK=64 is taken, and a block off the page
     grid is refused by name (the cache used to check the 16-token default before reading the environment)."""
@@ -479,6 +478,7 @@ def test_the_environment_sets_a_block_on_pages_that_16_does_not_divide():
     with pytest.raises(ValueError, match=re.escape("RR-Evict block=16 is invalid; allowed: a positive multiple of the "
                                                    "page size (32)")):
         cache.configure(load_config({"RADIXFLOW_RR_BLOCK": "16"}))
+
 
 def test_flush_forgets_rotation_and_peaks_but_keeps_settings():
     d = rr_driver(FULL, block=16, order="cursor", kv_size=1024)
