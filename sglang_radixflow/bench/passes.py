@@ -112,7 +112,6 @@ class PassHarness:
         }))
         self.forward_ct = 0
         self.cache.rf_clock.bind(lambda: self.forward_ct)
-        self.traversal = self.cache.rf_sched.traversal
         self.rows = rows
         self.token_budget = token_budget
         self.hybrid = ComponentType.MAMBA in self.cache.components
@@ -126,7 +125,9 @@ class PassHarness:
             policy=SchedulePolicy(schedule_policy, self.cache, False, False, False), processed_tokens_counter=0,
             dynamic_chunk_sizer=None, chunked_prefill_size=token_budget,
             tp_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=object(), prefill_aware_swa=False)),
-            get_prefill_adder_class=lambda: RadixFlowPrefillAdder if self.traversal != "native" else PrefillAdder,
+            get_prefill_adder_class=lambda: (
+                RadixFlowPrefillAdder if self.cache.rf_sched.traversal != "native" else PrefillAdder
+            ),
             page_size=1, tree_cache=self.cache, token_to_kv_pool_allocator=self.allocator,
             new_token_ratio_tracker=SimpleNamespace(current=0.5), max_prefill_tokens=token_budget,
             is_mixed_chunk=False, priority_scheduling_preemption_threshold=0, max_prefill_bs=rows,

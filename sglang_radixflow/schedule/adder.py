@@ -273,7 +273,7 @@ class RadixFlowPrefillAdder(PrefillAdder):
         sched.note_continuation(req)
         room = self._room_when_budget_spent()
         if room is not None:
-            sched.note_room_cut()
+            sched.current.stats.room_cuts += 1  # counted in the round record (chunk_room_cuts)
         if room is not None and room <= 0:
             return self._park(req)
         # Full attention needs no cut: its KV is usable at any length once in the tree.

@@ -10,6 +10,23 @@ from sglang_radixflow.schedule.state import SchedulingState
 logger = logging.getLogger("sglang_radixflow")
 
 
+# A skipped request has already consumed a storage prefetch span / triggered a preemption (scheduler.py).
+UNSAFE_FOR_SKIPPING = {
+    "enable_hicache_storage": "HiCache storage prefetch spans are consumed before admission",
+    "enable_lmcache": "LMCache prefetch spans are consumed before admission",
+    "enable_priority_preemption": "priority preemption may already have evicted running requests",
+}
+
+
+def switch_off_unsafe_skipping(scheduler: Any, sched: SchedulingState) -> None:
+    """Before every pass (SGLang can attach HiCache storage to a running server): the traversal steps aside for good
+    once a feature it cannot skip past is on."""
+    for flag, why in UNSAFE_FOR_SKIPPING.items():
+        assert isinstance(getattr(scheduler, flag, None), bool), f"Scheduler.{flag} is the flag radixflow reads"
+        if sched.traversal != "native" and getattr(scheduler, flag):
+            sched.disable_traversal(f"--{flag.replace('_', '-')} is on: {why}")
+
+
 def bind_scheduler(scheduler: Any) -> None:
     """First scheduling step: the cache's clock follows forward_ct; unsafe features switch skipping off."""
     cache = scheduler.tree_cache
@@ -19,15 +36,7 @@ def bind_scheduler(scheduler: Any) -> None:
     assert isinstance(getattr(cache, "disable", None), bool), "UnifiedRadixCache.disable is --disable-radix-cache"
     if cache.disable:  # SGLang still builds the tree then, but it stores nothing: no promise could ever be kept
         sched.make_inert("--disable-radix-cache is on: the tree stores nothing, so no prefix can be published")
-    # A skipped request has already consumed a storage prefetch span / triggered a preemption (scheduler.py).
-    for flag, why in (
-        ("enable_hicache_storage", "HiCache storage prefetch spans are consumed before admission"),
-        ("enable_lmcache", "LMCache prefetch spans are consumed before admission"),
-        ("enable_priority_preemption", "priority preemption may already have evicted running requests"),
-    ):
-        assert isinstance(getattr(scheduler, flag, None), bool), f"Scheduler.{flag} is the flag radixflow reads"
-        if getattr(scheduler, flag):
-            sched.disable_traversal(f"--{flag.replace('_', '-')} is on: {why}")
+    switch_off_unsafe_skipping(scheduler, sched)
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
     if sched.prefix_requests and getattr(scheduler, "disaggregation_mode", DisaggregationMode.NULL) != (
@@ -84,6 +93,7 @@ def run_prefill_pass(orig: Callable[..., Any], scheduler: Any, sched: Scheduling
         decision = sched.gate.decide(waiting=waiting, worker_busy=busy, row_budget=rows, token_budget=tokens)
         if sched.gate.settle(decision, _decide_once(scheduler, decision.hold)):
             return None, running_batch
+    switch_off_unsafe_skipping(scheduler, sched)
     sched.begin_pass(scheduler.forward_ct + 1, waiting, rows, tokens)
     # Holds need the scan's own iteration (skip traversal; with LoRA on, SGLang's scan passes over requests whose
     # adapter cannot load before the adder sees them, so nothing is held).

@@ -57,10 +57,6 @@ def prefix_rid(producer_rid: str, boundary: int) -> str:
     return f"{PREFIX_RID_MARK}{boundary}#{producer_rid}"
 
 
-def is_prefix_request(req: Any) -> bool:
-    return str(req.rid).startswith(PREFIX_RID_MARK)
-
-
 def split_prefix_rid(rid: str) -> Optional[tuple[str, int]]:
     """(producer rid, b) of a prefix request's rid; None for any other rid."""
     rid = str(rid)

@@ -177,10 +177,6 @@ class SchedulingState:
         assert self.current is not None
         self.current.stats.fragment_skips += 1
 
-    def note_room_cut(self) -> None:
-        assert self.current is not None
-        self.current.stats.room_cuts += 1
-
     # ---- holds (the skip scan's own iteration only: holds.HoldingQueue) ----
     def holds_for_producers(self, req: Any) -> bool:
         """Producer rows: whether the scan passes over this Ready non-producer, which would take one of the last R

@@ -5,9 +5,12 @@ The paper's basic case: 4 candidates share a document, plus an unrelated request
 from __future__ import annotations
 
 import pytest
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillAdder
 
 from sglang_radixflow.cache.promises import PromiseState
-from sglang_radixflow.schedule.prefix_request import is_prefix_request, prefix_rid, split_prefix_rid
+from sglang_radixflow.schedule.prefix_request import prefix_rid, split_prefix_rid
+from sglang_radixflow.schedule.binding import run_prefill_pass
 from sglang_radixflow.schedule.blocked import DEFER_COUNT
 from tests.unit.cache.helpers import FULL, HYBRID
 from tests.unit.schedule.harness import PassHarness, make_request
@@ -67,7 +70,7 @@ def test_aborting_the_producer_leaves_its_prefix_request_running() -> None:
     h.submit(*candidates(), unrelated())
     batch = h.run_pass()
     prefix_req = batch[0]
-    assert split_prefix_rid(prefix_req.rid) == ("c0", len(DOC)) and is_prefix_request(prefix_req)
+    assert split_prefix_rid(prefix_req.rid) == ("c0", len(DOC))
     aborted = [r.rid for r in batch + h.waiting if r.rid.startswith("c0")]  # SGLang's rule, for an abort of c0
     assert aborted == ["c0"]
     assert split_prefix_rid(prefix_rid("a#7-radixflow-prefix-3", 12)) == ("a#7-radixflow-prefix-3", 12)
@@ -100,6 +103,25 @@ def test_native_sglang_admits_every_sibling_each_recomputing_the_document() -> N
     batch = h.run_pass()
     assert rids(batch) == ["c0", "c1", "c2", "c3", "other"]
     assert all(r.prefix_len == 0 and r.extend_end == len(r.origin_input_ids) for r in batch)
+
+
+def test_hicache_storage_attached_on_a_running_server_turns_the_traversal_off() -> None:
+    """SGLang's attach endpoint sets enable_hicache_storage on a live scheduler: a skipped request would already have
+    spent its storage prefetch span, so every pass from the next one on is SGLang's own."""
+    h = harness(HYBRID, "radixflow")
+    h.submit(make_request("first", list(range(7000, 7300))))
+    assert rids(h.run_pass()) == ["first"]
+    h.sched.enable_hicache_storage = True  # what Scheduler.attach_hicache_storage_wrapped does on success
+    adders = []
+
+    def sglang_pass(scheduler, *args):  # noqa: ANN001, ANN202 (the harness cannot run SGLang's storage prefetch)
+        adders.append(scheduler.get_prefill_adder_class())
+        return None, args[1]
+
+    run_prefill_pass(sglang_pass, h.sched, h.cache.rf_sched, None, ScheduleBatch(reqs=[]))
+    assert adders == [PrefillAdder]
+    assert h.cache.rf_sched.traversal == "native"
+    assert "--enable-hicache-storage is on" in h.cache.rf_sched.disabled_reason
 
 
 def test_full_attention_producer_runs_whole_and_consumers_wait_for_its_kv() -> None:
