@@ -20,7 +20,8 @@ from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
 from sglang_radixflow import plugin
 from sglang_radixflow.cache.tree import RadixFlowCache
-from sglang_radixflow.evict.round_robin import _PRUNE_MIN, DEPTH, RadixFlowRRCache, depth_of, traj_of
+from sglang_radixflow.evict.round_robin import RadixFlowRRCache
+from sglang_radixflow.evict.trajectories import _PRUNE_MIN, DEPTH, depth_of, traj_of
 from tests.unit.cache.helpers import FULL, HYBRID, CacheDriver, build, tokens
 
 plugin.register_eviction_policy()
@@ -426,7 +427,7 @@ def test_sglang_policies_keep_working_with_the_radixflow_backend(policy, compone
 def test_rr_cache_refuses_another_policy_and_bad_settings():
     with pytest.raises(ValueError, match="needs --radix-eviction-policy rr"):
         build(RadixFlowRRCache, FULL, eviction_policy="lru")
-    from sglang_radixflow.evict.round_robin import RoundRobinEvictor
+    from sglang_radixflow.evict.trajectories import RoundRobinEvictor
 
     with pytest.raises(ValueError, match="block=12 is invalid; allowed: a positive multiple"):
         RoundRobinEvictor(12, 8)
