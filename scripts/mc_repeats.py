@@ -4,13 +4,15 @@
 On a shared 2-core CPU one run's mean latency is noisy at the overloading rates the bench uses: a few milliseconds
 of interference early on decide whether a queue builds, and the same arm's mean moved 0.13-0.39 s between runs made
 back to back. Rounds and reuse move much less. This runs the bench K times back to back (every repetition starts
-fresh servers for every arm, in the bench's own arm order), then reports per model and arm the mean and median
+fresh servers for every arm; the bench runs its arms one after the other, so every second repetition reverses the
+`--arms` order, unless --fixed-order, and no arm always runs first on a cold machine), then reports per model and arm the mean and median
 over repetitions of each run's mean latency, its P95, rounds, prefill rounds and both reuse ratios, and, per pair of
 arms, in how many repetitions the first had the lower mean latency.
 
     python scripts/mc_repeats.py --out runs/mc-rep --reps 5 -- --models nemotron_h,qwen3 --questions 32 --rate 24 \\
         --stream mixed --arms prefix-stop,radixflow --budgets 8,2048
     python scripts/mc_repeats.py --out runs/mc-rep --aggregate-only    # rebuild repeats.md / repeats.json
+    python scripts/mc_repeats.py --out runs/mc-rep --reps 4 --fixed-order -- ...   # the arms' order as given, always
 
 Output: OUT/rep1 ... OUT/repK (complete bench directories), OUT/repeats.json, OUT/repeats.md.
 """
@@ -100,6 +102,20 @@ def write(out: Path, command: list[str]) -> dict[str, Any]:
     return agg
 
 
+def arms_for(bench_args: list[str], repetition: int) -> list[str]:
+    """The bench's arguments for repetition k (from 1): every even one with its `--arms` list reversed (without
+    `--arms` the bench's default arms run in its own order every time)."""
+    args = list(bench_args)
+    if repetition % 2 == 1:
+        return args
+    for i, arg in enumerate(args):
+        if arg == "--arms" and i + 1 < len(args):
+            args[i + 1] = ",".join(reversed(args[i + 1].split(",")))
+        elif arg.startswith("--arms="):
+            args[i] = "--arms=" + ",".join(reversed(arg.removeprefix("--arms=").split(",")))
+    return args
+
+
 def run_bench(cmd: list[str]) -> None:
     """Run one repetition; if this script is stopped (Ctrl-C, SIGTERM), stop the bench with SIGTERM so that it stops
     its servers (subprocess.run would SIGKILL it, leaving them running)."""
@@ -122,6 +138,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--aggregate-only", action="store_true")
+    ap.add_argument("--fixed-order", action="store_true", help="every repetition runs the arms in the order given")
     args = ap.parse_args(own)
     out = Path(args.out)
     if args.aggregate_only:
@@ -139,7 +156,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for k in range(1, args.reps + 1):
         rep = out / f"rep{k}"
         print(f"[mc_repeats] repetition {k}/{args.reps} -> {rep}", flush=True)
-        run_bench([radixflow, "bench", "multi-candidate", "--out", str(rep), *bench_args])
+        rep_args = bench_args if args.fixed_order else arms_for(bench_args, k)
+        run_bench([radixflow, "bench", "multi-candidate", "--out", str(rep), *rep_args])
     print(format_report(write(out, bench_args), bench_args))
     return 0
 

@@ -56,6 +56,7 @@ OWNED_SERVER_FLAGS: tuple[str, ...] = (
     "--model-path", "--host", "--port",
 )
 DEFAULT_CHUNK = 4096
+DEFAULT_SEEDS = 4  # schedules pooled per arm (the CLI's --seeds default too)
 WARMUP_PROMPT: tuple[int, ...] = tuple(5 + i for i in range(64))  # shares no token with the workload
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class AgentBenchOptions:
     mamba_strategy: str = "no_buffer"  # hybrids' --mamba-radix-cache-strategy on CPU (see bench/server.py)
     # schedules (params.seed, +1, ...) run back to back on each server, the cache flushed in between: one seeded
     # schedule makes lru's mean a lottery (its misses are few and whole), so statistics pool several
-    seeds: int = 1
+    seeds: int = DEFAULT_SEEDS
     request_timeout_s: float = 600.0
     server_threads: int = 1  # OMP_NUM_THREADS per server (see bench/runner.py)
     extra_server_args: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ from typing import Optional
 
 from sglang_radixflow.bench.fleet import add_fleet_arguments, fleet_from_args
 from sglang_radixflow.bench.agent import (
-    APIS, DEFAULT_MODELS, HYBRID_CHUNK, OWNED_SERVER_FLAGS, POLICIES, AgentBenchOptions, run,
+    APIS, DEFAULT_MODELS, DEFAULT_SEEDS, HYBRID_CHUNK, OWNED_SERVER_FLAGS, POLICIES, AgentBenchOptions, run,
 )
 from sglang_radixflow.bench.agent_workload import RETURN_ORDERS, AgentParams
 from sglang_radixflow.bench.model_args import add_model_arguments, models_from_args
@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="0: closed loop (n_a clients back to back, the default); > 0: open loop, turns sent at Poisson "
                         "instants with this mean gap (real tool / think time; see bench/agent_workload.py)")
     p.add_argument("--seed", type=int, default=0, help="first schedule seed (default: %(default)s)")
-    p.add_argument("--seeds", type=int, default=4, help="schedules per arm (seed, seed+1, ...), pooled (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="schedules per arm (seed, seed+1, ...), pooled (default: %(default)s)")
     p.add_argument("--rr-block", type=int, default=16,
                    help="RR-Evict tail block on full-attention paths, passed as --radix-eviction-policy-config "
                         "'{\"block\": N}' (default: %(default)s)")

@@ -159,6 +159,11 @@ def test_seeds_pool_distinct_schedules_and_steady_stats_keep_only_in_regime_turn
     assert [w.params.seed for w in ws] == [0, 1, 2] and ws[0].schedule != ws[1].schedule
     with pytest.raises(ValueError, match="seeds=0"):
         agent.AgentBenchOptions(out=tmp_path, params=AgentParams(), seeds=0)
+    # the Python API pools as many schedules by default as `radixflow bench agent` does
+    parser = argparse.ArgumentParser()
+    agent_cli.add_arguments(parser)
+    cli_default = agent_cli.options_from_args(parser.parse_args(["--out", str(tmp_path)]))
+    assert agent.AgentBenchOptions(out=tmp_path, params=AgentParams()).seeds == cli_default.seeds == 4
     recs = [{**r, "in_regime": r["agent"] != 0} for r in _records("lru")]  # agent 0's whole misses fall outside
     arm = agent_report.arm_summary("qwen3", "lru", recs, [], [])
     assert arm["steady_turns"] == 6 and arm["steady_missed_p99"] == 30.0 and arm["missed_tokens_p99"] > 250

@@ -59,3 +59,13 @@ def test_bad_invocations_name_what_is_missing(tmp_path: Path, capsys: pytest.Cap
     assert "--reps needs an integer >= 1, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no repetition"):
         mod.aggregate([])
+
+
+def test_every_second_repetition_reverses_the_arms() -> None:
+    mod = _script()
+    given = ["--models", "qwen3", "--arms", "sglang,prefix-stop,radixflow", "--quick"]
+    assert mod.arms_for(given, 1) == given
+    assert mod.arms_for(given, 2) == ["--models", "qwen3", "--arms", "radixflow,prefix-stop,sglang", "--quick"]
+    assert mod.arms_for(given, 3) == given
+    assert mod.arms_for(["--arms=sglang,radixflow"], 4) == ["--arms=radixflow,sglang"]
+    assert mod.arms_for(["--quick"], 2) == ["--quick"]  # the bench's default arms: its own order
