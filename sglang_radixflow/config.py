@@ -44,7 +44,7 @@ class RadixFlowConfig:
     trace_path: Optional[str] = None
     cpu_runtime: str = "auto"  # read by the start-up hook; listed so that it validates
     rr_block_tokens: Optional[int] = None  # RR-Evict tail unit on full-attention paths; None: 16 tokens in whole pages
-    rr_order: str = "share"  # RR-Evict's next idle trajectory: largest retained share | fewest tokens lost | cursor
+    rr_order: str = "share"  # RR-Evict: next idle trajectory = largest retained share | plain cursor (ablation)
 
     def __post_init__(self) -> None:
         # from_env names the variable; this catches a config built in code (adoption reads token need - 1 >= 0)
@@ -116,7 +116,7 @@ _FIELDS: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "TRACE": ("trace_path", _path),
     "CPU_RUNTIME": ("cpu_runtime", _choice(("auto", "off"))),
     "RR_BLOCK": ("rr_block_tokens", _number(int, 1)),
-    "RR_ORDER": ("rr_order", _choice(("share", "loss", "cursor"))),
+    "RR_ORDER": ("rr_order", _choice(("share", "cursor"))),
 }
 KNOWN_VARIABLES: tuple[str, ...] = (PREFIX + "ARM", *(PREFIX + k for k in _FIELDS))
 PATH_VARIABLES: tuple[str, ...] = tuple(PREFIX + k for k, (_, parse) in _FIELDS.items() if parse is _path)

@@ -125,10 +125,9 @@ class RoundRobinWalk:
         return parent
 
     def _pick(self) -> Optional[tuple[str, "UnifiedTreeNode"]]:
-        """`share`: the largest retained share; `loss`: the fewest tokens lost from the peak; the rotation's front
-        first among equals; `cursor`: the front."""
+        """`share`: the largest retained share, the rotation's front first among equals; `cursor`: the front."""
         idle = self.core.evictable_device_leaves
-        position, peak, order = self.ev.position, self.ev.peak, self.ev.order
+        position, peak, cursor = self.ev.position, self.ev.peak, self.ev.order == "cursor"
         best: Optional[tuple[tuple[float, int], str, "UnifiedTreeNode"]] = None
         for key, cands in self.leaves.items():
             if not cands:
@@ -139,13 +138,7 @@ class RoundRobinWalk:
                     continue
             # several idle ends of one trajectory (a retried turn): the deepest, then the least recently used
             leaf = cands[0] if len(cands) == 1 else min(cands, key=lambda n: (-depth_of(n), n.last_access_time, n.id))
-            if order == "share":
-                kept: float = depth_of(leaf) / max(1, peak.get(key, 0))
-            elif order == "loss":
-                kept = -(peak.get(key, 0) - depth_of(leaf))
-            else:
-                kept = 0.0
-            rank = (kept, -position[key])
+            rank = (0.0 if cursor else depth_of(leaf) / max(1, peak.get(key, 0)), -position[key])
             if best is None or rank > best[0]:
                 best = (rank, key, leaf)
         if best is None:

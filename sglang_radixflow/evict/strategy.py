@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 from sglang.srt.mem_cache.evict_policy import LRUStrategy
 
 POLICY_NAME = "rr"
-ORDERS = ("share", "loss", "cursor")
+ORDERS = ("share", "cursor")
 CONFIG_KEYS = ("block", "order")
 CONFIG_HELP = (
     "block: tokens per tail unit on full-attention paths, a positive multiple of --page-size; "

@@ -16,9 +16,6 @@ moves to the back; a new trajectory joins at the back. Which idle trajectory is 
   h = (m - n_a)/(n*s): a plain cursor cuts every idle trajectory at the same *rate*, so what an agent keeps falls
   with how long it has been idle, and the agent that comes back (the longest idle) holds much less than h (about
   2h - 1 under a cyclic schedule; tests/unit/cache/test_rr_evict.py measures both);
-- `loss`: the one that has lost the fewest tokens from its peak, the rotation breaking ties. On trajectories of one
-  length this is `share`; on unequal ones every idle trajectory has lost about the same number of tokens, so the
-  longest ones lose a smaller fraction and the largest miss of a return (what its TTFT pays) is smaller;
 - `cursor`: the plain rotation, the front idle trajectory next (kept for the ablation).
 Keys are assigned in insert order and ties are broken by rotation position and SGLang's node ids (a per-process
 counter that advances identically on every TP rank), never by set or id() order: every rank decides the same.
