@@ -24,6 +24,10 @@ def test_siblings_share_one_workers_producer_and_answer_as_native_does(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_dirs: dict[str, Path]) -> None:
     # float32 (conv state too): outputs compared exactly, not bf16's near-tie flips
     monkeypatch.setenv("SGLANG_MAMBA_CONV_DTYPE", "float32")
+    # Through the gateway on a busy 2-core CPU, siblings sent together have reached their worker 7 ms apart; with the
+    # 5 ms hold the first then runs alone and computes the document itself. A 50 ms hold gathers them (it ends as soon
+    # as the siblings' tokens fill the round).
+    monkeypatch.setenv("RADIXFLOW_HOLD_MS", "50")
     out = tmp_path / "gateway"
     before = set(live_servers())
     assert cli.main(["bench", "multi-candidate", "--out", str(out), "--models", "nemotron_h", "--arms", "radixflow",
