@@ -3,11 +3,11 @@
 
 On a shared 2-core CPU one run's mean latency is noisy at the overloading rates the bench uses: a few milliseconds
 of interference early on decide whether a queue builds, and the same arm's mean moved 0.13-0.39 s between runs made
-back to back. Rounds and reuse move much less. This runs the bench K times back to back (every repetition starts
+back to back. Rounds and reuse move much less. This runs the bench K times back to back. Every repetition starts
 fresh servers for every arm; the bench runs its arms one after the other, so every second repetition reverses the
-`--arms` order, unless --fixed-order, and no arm always runs first on a cold machine), then reports per model and arm the mean and median
-over repetitions of each run's mean latency, its P95, rounds, prefill rounds and both reuse ratios, and, per pair of
-arms, in how many repetitions the first had the lower mean latency.
+`--arms` order (unless --fixed-order) and no arm always runs first. It then reports per model and arm the mean and
+median over repetitions of each run's mean latency, its P95, rounds, prefill rounds and both reuse ratios, and, per
+pair of arms, in how many repetitions the first had the lower mean latency.
 
     python scripts/mc_repeats.py --out runs/mc-rep --reps 5 -- --models nemotron_h,qwen3 --questions 32 --rate 24 \\
         --stream mixed --arms prefix-stop,radixflow --budgets 8,2048
