@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from sglang_radixflow.bench.runner import BenchOptions, run_bench
+from sglang_radixflow.bench.options import BenchOptions
+from sglang_radixflow.bench.runner import run_bench
 from sglang_radixflow.bench.workloads import WorkloadParams
 
 DEMO_ARMS: tuple[str, ...] = ("sglang", "prefix-stop", "radixflow")

@@ -145,3 +145,18 @@ def _models(summary: Mapping[str, Any]) -> list[str]:
         if a["model"] not in models:
             models.append(a["model"])
     return models
+
+
+def multi_candidate_figures(out: Path, summary: dict[str, Any], loaded: Mapping[tuple[str, str], dict[str, Any]],
+                            baseline: str) -> list[Path]:
+    """Figures 3 and 4 of a multi-candidate run from its summary and per-arm records (SGLang's prefill log lines,
+    client latencies); `baseline`: the arm the others are compared with."""
+    rows: dict[str, dict[str, list[int]]] = {}
+    lat: dict[str, dict[str, list[float]]] = {}
+    for (model, arm), data in loaded.items():
+        rows.setdefault(model, {})[arm] = [p["seqs"] for p in data["prefill"]]
+        lat.setdefault(model, {})[arm] = [float(r["latency_s"]) for r in data["requests"] if not r.get("error")]
+    return [
+        rounds_latency_figure(summary, out / FIG3, baseline=baseline),
+        distributions_figure(rows, lat, int(summary["budgets"]["S"]), out / FIG4),
+    ]

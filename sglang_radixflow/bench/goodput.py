@@ -44,7 +44,7 @@ def parse_slo(text: str) -> Optional[float]:
 
 def run_sweep(opts: Any, rates: Sequence[float], slo_s: Optional[float], run_bench: Callable[..., dict],
               log: Log = print_progress) -> dict[str, Any]:
-    """One bench per rate (opts: runner.BenchOptions with fixed budgets), then the goodput summary."""
+    """One bench per rate (opts: options.BenchOptions with fixed budgets), then the goodput summary."""
     if opts.budgets is None and not opts.urls:
         raise ValueError("--sweep-rates: fix the budgets (--budgets S,T or --quick), so every rate runs the same servers")
     if slo_s is None and "sglang" not in opts.arms:

@@ -5,9 +5,10 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from sglang_radixflow.bench.runner import (
-    CALIBRATION_GRID, DEFAULT_ARMS, DEFAULT_KV_TOKENS, DEFAULT_MODELS, OWNED_SERVER_FLAGS, PATHS, QUICK_BUDGETS, BenchOptions, run_bench,
+from sglang_radixflow.bench.options import (
+    CALIBRATION_GRID, DEFAULT_ARMS, DEFAULT_KV_TOKENS, DEFAULT_MODELS, PATHS, QUICK_BUDGETS, BenchOptions,
 )
+from sglang_radixflow.bench.runner import OWNED_SERVER_FLAGS, run_bench
 from sglang_radixflow.bench.fleet import add_fleet_arguments, fleet_from_args
 from sglang_radixflow.bench.goodput import parse_rates, parse_slo, run_sweep
 from sglang_radixflow.bench.model_args import add_model_arguments, models_from_args

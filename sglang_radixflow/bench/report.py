@@ -367,22 +367,6 @@ def build_summary(out: str | Path,
     }
 
 
-def write_figures(out: Path, summary: dict[str, Any],
-                  loaded: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
-    """Figures 3 and 4 from the summary and the per-arm records (SGLang's prefill log lines, client latencies)."""
-    from sglang_radixflow.bench import figures
-
-    rows: dict[str, dict[str, list[int]]] = {}
-    lat: dict[str, dict[str, list[float]]] = {}
-    for (model, arm), data in loaded.items():
-        rows.setdefault(model, {})[arm] = [p["seqs"] for p in data["prefill"]]
-        lat.setdefault(model, {})[arm] = [float(r["latency_s"]) for r in data["requests"] if not r.get("error")]
-    return [
-        figures.rounds_latency_figure(summary, out / figures.FIG3, baseline=BASELINE_ARM),
-        figures.distributions_figure(rows, lat, int(summary["budgets"]["S"]), out / figures.FIG4),
-    ]
-
-
 def write_report(out: str | Path, with_figures: bool = True) -> dict[str, Any]:
     """(Re)build DIR/summary.json, DIR/report.md and the figures from DIR's saved records (logs, traces, requests)."""
     out = Path(out)
@@ -390,7 +374,12 @@ def write_report(out: str | Path, with_figures: bool = True) -> dict[str, Any]:
     summary = build_summary(out, run)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     detail = json.loads((out / "budgets.json").read_text())
-    figs = [p.name for p in write_figures(out, summary, run[1])] if with_figures else []
+    if with_figures:
+        from sglang_radixflow.bench import figures  # matplotlib, only when drawing
+
+        figs = [p.name for p in figures.multi_candidate_figures(out, summary, run[1], baseline=BASELINE_ARM)]
+    else:
+        figs = []
     (out / "report.md").write_text(report_md.format_report(summary, detail, figs))
     return summary
 

@@ -13,7 +13,8 @@ from sglang_radixflow import cli
 from sglang_radixflow.bench import agent_cli
 from sglang_radixflow.bench.agent_workload import AgentParams
 from sglang_radixflow.bench.figures import FIG3, FIG4
-from sglang_radixflow.bench.runner import BenchOptions, run_bench
+from sglang_radixflow.bench.options import BenchOptions
+from sglang_radixflow.bench.runner import run_bench
 from sglang_radixflow.bench.workloads import WorkloadParams
 from sglang_radixflow.models import MARKER_FILE
 from tests.integration.conftest import MODELS_ROOT

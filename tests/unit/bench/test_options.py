@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from sglang_radixflow.bench.multi_candidate_cli import options_from_args, parse_grid
-from sglang_radixflow.bench.runner import QUICK_BUDGETS, budget_args
+from sglang_radixflow.bench.options import QUICK_BUDGETS
+from sglang_radixflow.bench.runner import budget_args
 from sglang_radixflow.cli import build_parser
 
 
@@ -165,7 +166,7 @@ def test_overlap_schedule_option_reaches_every_arms_server(tmp_path, monkeypatch
     on a GPU; `on` / `off` are taken as given. The setting is what the server's command line carries."""
     import json
 
-    from sglang_radixflow.bench import runner, server
+    from sglang_radixflow.bench import options, runner, server
     from sglang_radixflow.models import MARKER_FILE
 
     model = tmp_path / "qwen3"
@@ -183,7 +184,7 @@ def test_overlap_schedule_option_reaches_every_arms_server(tmp_path, monkeypatch
     assert flags("--overlap-schedule on", cpu=True) == {"sglang": False, "radixflow": False}
     assert flags("--overlap-schedule off", cpu=False) == {"sglang": True, "radixflow": True}
     with pytest.raises(ValueError, match="allowed: auto, on, off"):
-        runner.BenchOptions(out=tmp_path, workload=_opts("--out x").workload, overlap_schedule="sometimes")
+        options.BenchOptions(out=tmp_path, workload=_opts("--out x").workload, overlap_schedule="sometimes")
 
 
 def test_server_args_reach_every_arms_server_and_the_report(tmp_path) -> None:
@@ -288,7 +289,7 @@ def test_a_model_directory_of_ones_own_is_read_from_its_config(tmp_path) -> None
     """--model-path takes any HF model directory: hybrid or not by its config (the CPU flags), vocabulary checked."""
     import json
 
-    from sglang_radixflow.bench.runner import check_model_dir
+    from sglang_radixflow.bench.options import check_model_dir
     from sglang_radixflow.models import is_hybrid_model
 
     def model(name: str, config: dict) -> Path:
