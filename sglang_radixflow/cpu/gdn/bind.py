@@ -10,13 +10,13 @@ Nothing here registers `convert_weight_packed` or any other op SGLang reads as "
 """
 from __future__ import annotations
 
-from sglang_radixflow.cpu.gdn import ops
+from sglang_radixflow.cpu.gdn import conv, ops
 from sglang_radixflow.cpu.torch_ops import register_missing
 
 # sgl_kernel.mamba exports (signatures of sgl_kernel/mamba.py's Python wrappers; SGLang calls them with keywords)
 chunk_gated_delta_rule_cpu = ops.chunk_gated_delta_rule_cpu
-causal_conv1d_fn_cpu = ops.causal_conv1d_fn_cpu
-causal_conv1d_update_cpu = ops.causal_conv1d_update_cpu
+causal_conv1d_fn_cpu = conv.causal_conv1d_fn_cpu
+causal_conv1d_update_cpu = conv.causal_conv1d_update_cpu
 
 NAMESPACE = "sgl_kernel"
 TORCH_OPS: dict[str, tuple[str, object]] = {

@@ -72,11 +72,11 @@ def _prepare_qk(
     return q, k
 
 
-def _as_index_list(t: Optional[torch.Tensor]) -> Optional[list[int]]:
+def as_index_list(t: Optional[torch.Tensor]) -> Optional[list[int]]:
     return None if t is None else [int(x) for x in t.tolist()]
 
 
-def _as_index_tensor(indices: Optional[Sequence[int] | torch.Tensor]) -> Optional[torch.Tensor]:
+def as_index_tensor(indices: Optional[Sequence[int] | torch.Tensor]) -> Optional[torch.Tensor]:
     return None if indices is None else torch.as_tensor(indices).to(torch.long).reshape(-1)
 
 
@@ -146,7 +146,7 @@ def chunk_gated_delta_rule(
     n_seq = len(cu) - 1
     assert cu[0] == 0 and cu[-1] == total, (cu[:1], cu[-1:], total)
     assert g.shape == (total, num_v_heads) and beta.shape == (total, num_v_heads), (g.shape, beta.shape)
-    idx = _as_index_tensor(initial_state_indices)
+    idx = as_index_tensor(initial_state_indices)
     if idx is not None:
         assert idx.numel() == n_seq, (idx.numel(), n_seq)
     state_shape = (num_v_heads, head_v, head_k)
@@ -232,7 +232,7 @@ def recurrent_gated_delta_rule(
     total, num_v_heads, head_v = v.shape
     head_k = q.shape[-1]
     cu_t = torch.as_tensor(cu_seqlens).to(torch.long).reshape(-1)
-    idx = _as_index_tensor(state_indices)
+    idx = as_index_tensor(state_indices)
     n_seq = cu_t.numel() - 1
     assert int(cu_t[0]) == 0 and int(cu_t[-1]) == total and idx.numel() == n_seq, (cu_t, total, idx)
     S = _gather_states(state_pool, idx, n_seq, (num_v_heads, head_v, head_k))  # [N, HV, V, K]
@@ -295,7 +295,7 @@ def chunk_gated_delta_rule_cpu(
         _flat_tokens(v, "v"),
         _flat_tokens(g, "g"),
         _flat_tokens(beta, "beta"),
-        cu_seqlens=_as_index_list(cu_seqlens),
+        cu_seqlens=as_index_list(cu_seqlens),
         initial_state=initial_state,
         initial_state_indices=initial_state_indices,
         scale=scale,
@@ -342,218 +342,3 @@ def fused_sigmoid_gating_delta_rule_update_cpu(
         use_qk_l2norm=use_qk_l2norm_in_kernel,
     )
     return o.unsqueeze(0)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# causal conv1d (sgl_kernel.mamba.causal_conv1d_fn_cpu / causal_conv1d_update_cpu)
-# ----------------------------------------------------------------------------------------------------------------------
-def _silu_flag(activation: object) -> bool:
-    if activation is None or activation is False:
-        return False
-    if activation is True or activation in ("silu", "swish"):
-        return True
-    raise ValueError(f"unsupported causal conv1d activation {activation!r}")
-
-
-def causal_conv1d_fn_cpu(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    activation: object = "silu",
-    conv_states: Optional[torch.Tensor] = None,
-    has_initial_state: Optional[torch.Tensor] = None,
-    cache_indices: Optional[torch.Tensor] = None,
-    query_start_loc: Optional[torch.Tensor] = None,
-    seq_lens_cpu: Optional[Sequence[int]] = None,
-    pad_slot_id: int = PAD_SLOT_ID,
-    block_table: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Varlen causal depthwise conv (prefill). x [dim, T] (sequences concatenated), weight [dim, width],
-    conv_states [slots, dim, width - 1]. Sequence i starts from conv_states[cache_indices[i]] when
-    has_initial_state[i], else from zeros; afterwards that slot holds the last width - 1 inputs (initial columns
-    included when the sequence is shorter). A pad slot (cache index == pad_slot_id) reads zeros and writes nothing.
-    Returns [dim, T] in x's dtype. `block_table` is a CUDA launch hint and is ignored."""
-    del block_table
-    silu = _silu_flag(activation)
-    dim, total = x.shape
-    width = weight.shape[-1]
-    hist = width - 1
-    assert weight.shape == (dim, width), (weight.shape, dim)
-    if query_start_loc is None:
-        cu = [0, total]
-    else:
-        cu = [int(i) for i in query_start_loc.tolist()]
-    n_seq = len(cu) - 1
-    assert cu[-1] == total, (cu[-1], total)
-    if seq_lens_cpu is not None:
-        assert [int(s) for s in seq_lens_cpu] == [cu[i + 1] - cu[i] for i in range(n_seq)], (seq_lens_cpu, cu)
-    slots = _as_index_list(cache_indices) if cache_indices is not None else list(range(n_seq))
-    assert len(slots) == n_seq, (len(slots), n_seq)
-    init = [False] * n_seq if has_initial_state is None else [bool(h) for h in has_initial_state.tolist()]
-    if conv_states is not None:
-        assert conv_states.shape[-2:] == (dim, hist), (conv_states.shape, dim, hist)
-
-    # Lay every sequence out as [its width-1 initial columns | its tokens] so one depthwise conv covers the batch.
-    init_cols = x.new_zeros((n_seq, dim, hist))
-    if conv_states is not None:
-        for i in range(n_seq):
-            if init[i] and slots[i] != pad_slot_id:
-                init_cols[i] = conv_states[slots[i]].to(x.dtype)
-    ext = x.new_empty((dim, total + n_seq * hist))
-    tok_pos = torch.cat(
-        [torch.arange(cu[i], cu[i + 1], dtype=torch.long) + (i + 1) * hist for i in range(n_seq)]
-        or [torch.empty(0, dtype=torch.long)]
-    )
-    init_pos = torch.cat(
-        [torch.arange(hist, dtype=torch.long) + cu[i] + i * hist for i in range(n_seq)]
-        or [torch.empty(0, dtype=torch.long)]
-    )
-    ext[:, tok_pos] = x
-    ext[:, init_pos] = init_cols.permute(1, 0, 2).reshape(dim, n_seq * hist)
-    w = weight.float().unsqueeze(1)
-    y = F.conv1d(ext.float().unsqueeze(0), w, None if bias is None else bias.float(), groups=dim)[0]
-    # y column p covers ext[:, p : p + width], i.e. the token at ext column p + width - 1
-    out = y[:, tok_pos - hist]
-    if silu:
-        out = F.silu(out)
-    if conv_states is not None:
-        for i in range(n_seq):
-            if slots[i] == pad_slot_id:
-                continue
-            end = cu[i + 1] + (i + 1) * hist  # one past this sequence's last column in ext
-            conv_states[slots[i]] = ext[:, end - hist : end].to(conv_states.dtype)
-    return out.to(x.dtype)
-
-
-def causal_conv1d_update_cpu(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    activation: object = None,
-    conv_state_indices: Optional[torch.Tensor] = None,
-    cache_seqlens: Optional[torch.Tensor] = None,
-    pad_slot_id: int = PAD_SLOT_ID,
-    **unsupported: object,
-) -> torch.Tensor:
-    """Decode step of the causal conv. x [B, dim] or [B, dim, L]; conv_state [slots, dim, width - 1] is shifted by
-    L columns in place. Pad rows (index == pad_slot_id) use a zero state and write nothing. Returns x's shape/dtype."""
-    used = sorted(k for k, val in unsupported.items() if val is not None)
-    if used:
-        raise NotImplementedError(f"causal_conv1d_update_cpu: {used} (speculative verify) not supported on CPU")
-    assert cache_seqlens is None, "circular conv state (cache_seqlens) is not used by SGLang's CPU path"
-    silu = _silu_flag(activation)
-    squeeze = x.dim() == 2
-    x3 = x.unsqueeze(-1) if squeeze else x
-    batch, dim, seqlen = x3.shape
-    width = weight.shape[-1]
-    hist = width - 1
-    assert weight.shape == (dim, width), (weight.shape, dim)
-    assert conv_state.shape[-2:] == (dim, hist), (
-        f"conv state {tuple(conv_state.shape)} must be [slots, {dim}, {hist}] (state_len == width - 1)"
-    )
-    idx = (
-        torch.arange(batch, dtype=torch.long) if conv_state_indices is None else _as_index_tensor(conv_state_indices)
-    )
-    assert idx.numel() == batch, (idx.numel(), batch)
-    valid = idx != pad_slot_id
-    all_valid = bool(valid.all())
-    if all_valid:
-        state = conv_state.index_select(0, idx)
-    else:
-        state = torch.zeros((batch, dim, hist), dtype=conv_state.dtype)
-        state[valid] = conv_state[idx[valid]]
-    full = torch.cat([state.to(x3.dtype), x3], dim=-1)  # [B, dim, hist + L]
-    w = weight.float().unsqueeze(1)
-    y = F.conv1d(full.float(), w, None if bias is None else bias.float(), groups=dim)  # [B, dim, L]
-    if silu:
-        y = F.silu(y)
-    new_state = full[..., -hist:].to(conv_state.dtype)
-    if all_valid:
-        conv_state.index_copy_(0, idx, new_state)
-    elif bool(valid.any()):
-        conv_state[idx[valid]] = new_state[valid]
-    y = y.to(x.dtype)
-    return y.squeeze(-1) if squeeze else y
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# gated RMSNorm and the shared-expert gate
-# ----------------------------------------------------------------------------------------------------------------------
-def _gate_act(z: torch.Tensor, activation: str) -> torch.Tensor:
-    if activation in ("swish", "silu"):
-        return F.silu(z)
-    if activation == "sigmoid":
-        return torch.sigmoid(z)
-    raise ValueError(f"unsupported gate activation {activation!r}")
-
-
-def gated_rms_norm(
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    z: Optional[torch.Tensor],
-    eps: float,
-    activation: str = "swish",
-    group_size: Optional[int] = None,
-    norm_before_gate: bool = True,
-) -> torch.Tensor:
-    """RMSNorm over the last dim (or groups of `group_size`), times act(z) after (norm_before_gate) or applied to x
-    before the norm. float32 inside, x's dtype out (the FLA Triton kernels' numerics)."""
-    shape = x.shape
-    n = shape[-1]
-    gs = n if group_size is None else group_size
-    assert n % gs == 0, (n, gs)
-    xf = x.float()
-    zf = None if z is None else _gate_act(z.float().reshape(shape), activation)
-    if zf is not None and not norm_before_gate:
-        xf = xf * zf
-    xg = xf.reshape(*shape[:-1], n // gs, gs)
-    y = (xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps)).reshape(shape)
-    if weight is not None:
-        y = y * weight.float()
-    if bias is not None:
-        y = y + bias.float()
-    if zf is not None and norm_before_gate:
-        y = y * zf
-    return y.to(x.dtype)
-
-
-def rms_norm_gated(
-    x: torch.Tensor,
-    g: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    activation: str = "swish",
-    residual: Optional[torch.Tensor] = None,
-    prenorm: bool = False,
-    residual_in_fp32: bool = False,
-    eps: float = 1e-6,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """fla/fused_norm_gate.py `rms_norm_gated`: y = rmsnorm(x [+ residual]) * w (+ b), times act(g).
-    With prenorm, also returns the pre-norm sum (float32 if residual_in_fp32, else residual's/x's dtype)."""
-    xs = x.float() if residual is None else x.float() + residual.float()
-    y = gated_rms_norm(xs, weight, bias, g, eps, activation).to(x.dtype)
-    if not prenorm:
-        return y
-    res_dtype = residual.dtype if residual is not None else (torch.float32 if residual_in_fp32 else x.dtype)
-    return y, xs.to(res_dtype)
-
-
-def fused_gate_sigmoid_mul(
-    hidden_states: torch.Tensor, gate_weight: torch.Tensor, shared_output: torch.Tensor
-) -> torch.Tensor:
-    """sigmoid(hidden_states . gate_weight) * shared_output per row (float32 inside, shared_output's dtype out)."""
-    gate = torch.sigmoid(hidden_states.float() @ gate_weight.float().reshape(-1, 1))  # [T, 1]
-    return (gate * shared_output.float()).to(shared_output.dtype)
-
-
-def fused_gate_sigmoid_mul_add(
-    hidden_states: torch.Tensor,
-    gate_weight: torch.Tensor,
-    shared_output: torch.Tensor,
-    final_hidden_states: torch.Tensor,
-) -> None:
-    """final_hidden_states += sigmoid(hidden_states . gate_weight) * shared_output, in place, float32 inside."""
-    gate = torch.sigmoid(hidden_states.float() @ gate_weight.float().reshape(-1, 1))
-    final_hidden_states.copy_((final_hidden_states.float() + gate * shared_output.float()).to(final_hidden_states.dtype))

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from sglang_radixflow.cpu.gdn import ops
+from sglang_radixflow.cpu.gdn import conv, norm, ops
 
 
 def _require(module: types.ModuleType, *names: str) -> None:
@@ -95,8 +95,8 @@ def patch_gdn_backend(module: types.ModuleType) -> None:
     torch.ops.sgl_kernel. Check the bindings and call the gating function directly."""
     _assert_is_cpu(module)
     _require(module, "GDNAttnBackend", "causal_conv1d_fn", "causal_conv1d_update", "fused_gdn_gating")
-    assert module.causal_conv1d_fn is ops.causal_conv1d_fn_cpu, module.causal_conv1d_fn
-    assert module.causal_conv1d_update is ops.causal_conv1d_update_cpu, module.causal_conv1d_update
+    assert module.causal_conv1d_fn is conv.causal_conv1d_fn_cpu, module.causal_conv1d_fn
+    assert module.causal_conv1d_update is conv.causal_conv1d_update_cpu, module.causal_conv1d_update
     assert module.fused_gdn_gating is getattr(torch.ops.sgl_kernel, "fused_gdn_gating_cpu"), module.fused_gdn_gating
     module.fused_gdn_gating = fused_gdn_gating
 
@@ -110,7 +110,7 @@ def patch_fused_norm_gate(module: types.ModuleType) -> None:
     _require(module, "FusedRMSNormGated", "rms_norm_gated", "_use_cpu")
     assert module._use_cpu is False, "AMX sgl_kernel ops present: FusedRMSNormGated would not use rms_norm_gated"
     assert "rms_norm_gated(" in inspect.getsource(module.FusedRMSNormGated.forward)
-    module.rms_norm_gated = ops.rms_norm_gated
+    module.rms_norm_gated = norm.rms_norm_gated
 
 
 def layernorm_fn(
@@ -126,11 +126,11 @@ def layernorm_fn(
 ) -> torch.Tensor:
     """fla/layernorm_gated.py `layernorm_fn` (RMSNorm / LayerNorm with an optional gate) in torch."""
     if is_rms_norm:
-        return ops.gated_rms_norm(x, weight, bias, z, eps, activation, group_size, norm_before_gate)
+        return norm.gated_rms_norm(x, weight, bias, z, eps, activation, group_size, norm_before_gate)
     shape, n = x.shape, x.shape[-1]
     gs = n if group_size is None else group_size
     xf = x.float()
-    gate = None if z is None else ops._gate_act(z.float().reshape(shape), activation)
+    gate = None if z is None else norm.gate_act(z.float().reshape(shape), activation)
     if gate is not None and not norm_before_gate:
         xf = xf * gate
     xg = xf.reshape(*shape[:-1], n // gs, gs)
@@ -193,5 +193,5 @@ def patch_qwen2_moe(module: types.ModuleType) -> None:
     (and `fused_gate_sigmoid_mul`) whenever the shared-expert gate is not an AMX layer, i.e. always here."""
     _require(module, "Qwen2MoeSparseMoeBlock", "fused_gate_sigmoid_mul_add", "fused_gate_sigmoid_mul")
     assert "fused_gate_sigmoid_mul_add(" in inspect.getsource(module.Qwen2MoeSparseMoeBlock.forward)
-    module.fused_gate_sigmoid_mul_add = ops.fused_gate_sigmoid_mul_add
-    module.fused_gate_sigmoid_mul = ops.fused_gate_sigmoid_mul
+    module.fused_gate_sigmoid_mul_add = norm.fused_gate_sigmoid_mul_add
+    module.fused_gate_sigmoid_mul = norm.fused_gate_sigmoid_mul

@@ -43,7 +43,7 @@ def patch_mamba_mixer2(module: types.ModuleType) -> None:
     from sglang.kernels.ops.mamba.triton_ops import ssd_combined, ssu_dispatch
     from sglang.srt.layers.attention.mamba import causal_conv1d as conv_cuda
 
-    from sglang_radixflow.cpu.mamba2 import conv, ssd
+    from sglang_radixflow.cpu.mamba2 import conv, decode, ssd
 
     # The CPU branch of mamba.py binds no causal conv; if it ever does, this patch must be revisited.
     for name in _CONV_NAMES:
@@ -59,7 +59,7 @@ def patch_mamba_mixer2(module: types.ModuleType) -> None:
     _assert_covers(conv.causal_conv1d_fn_triton_order, conv_triton.causal_conv1d_fn)
     _assert_covers(conv.causal_conv1d_update, conv_triton.causal_conv1d_update)
     _assert_covers(ssd.mamba_chunk_scan_combined, ssd_combined.mamba_chunk_scan_combined)
-    _assert_covers(ssd.selective_state_update, ssu_dispatch.selective_state_update)
+    _assert_covers(decode.selective_state_update, ssu_dispatch.selective_state_update)
     assert conv.PAD_SLOT_ID == conv_triton.PAD_SLOT_ID
 
     module.causal_conv1d_fn = conv.causal_conv1d_fn
@@ -69,7 +69,7 @@ def patch_mamba_mixer2(module: types.ModuleType) -> None:
     module.causal_conv1d_fn_triton = conv.causal_conv1d_fn_triton_order
     module.causal_conv1d_update_triton = conv.causal_conv1d_update
     module.mamba_chunk_scan_combined = ssd.mamba_chunk_scan_combined
-    module.selective_state_update = ssd.selective_state_update
+    module.selective_state_update = decode.selective_state_update
 
 
 def allow_extra_buffer_on_cpu(module: types.ModuleType) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_radixflow.cpu.gdn import ops
+from sglang_radixflow.cpu.gdn import conv, norm, ops
 from tests.unit.cpu.fresh import failure_text, run_in_cpu_engine
 
 F64 = torch.float64
@@ -333,7 +333,7 @@ def test_causal_conv1d_fn_varlen_matches_reference(silu: bool, with_bias: bool) 
     cu = torch.tensor(_cu(lens), dtype=torch.int32)
     before = states.clone()
     ref, ref_states = ref_causal_conv(x, weight, bias, silu, cu.tolist(), before, slots.tolist(), has_init.tolist())
-    out = ops.causal_conv1d_fn_cpu(
+    out = conv.causal_conv1d_fn_cpu(
         x, weight, bias, activation="silu" if silu else None, conv_states=states, has_initial_state=has_init,
         cache_indices=slots, query_start_loc=cu, seq_lens_cpu=lens,
     )
@@ -353,7 +353,7 @@ def test_causal_conv1d_update_matches_reference(seqlen: int, with_pad: bool) -> 
     states = _rand(8, dim, width - 1)
     slots = torch.tensor([7, 0, -1, 4, 2] if with_pad else [7, 0, 1, 4, 2], dtype=torch.int32)
     before = states.clone()
-    out = ops.causal_conv1d_update_cpu(
+    out = conv.causal_conv1d_update_cpu(
         x[..., 0] if seqlen == 1 else x, states, weight, bias, "silu", conv_state_indices=slots
     )
     for i in range(batch):
@@ -376,15 +376,15 @@ def test_conv_prefill_then_update_equals_prefill_of_everything() -> None:
     weight, bias = _rand(dim, width, dtype=torch.bfloat16), _rand(dim, dtype=torch.bfloat16)
     whole_states = torch.zeros(3, dim, width - 1, dtype=torch.bfloat16)
     idx = torch.tensor([2], dtype=torch.int32)
-    whole = ops.causal_conv1d_fn_cpu(x, weight, bias, activation="silu", conv_states=whole_states,
+    whole = conv.causal_conv1d_fn_cpu(x, weight, bias, activation="silu", conv_states=whole_states,
                                      has_initial_state=torch.tensor([False]), cache_indices=idx,
                                      query_start_loc=torch.tensor([0, n + 2], dtype=torch.int32))
     states = torch.zeros(3, dim, width - 1, dtype=torch.bfloat16)
-    part = ops.causal_conv1d_fn_cpu(x[:, :n], weight, bias, activation="silu", conv_states=states,
+    part = conv.causal_conv1d_fn_cpu(x[:, :n], weight, bias, activation="silu", conv_states=states,
                                     has_initial_state=torch.tensor([False]), cache_indices=idx,
                                     query_start_loc=torch.tensor([0, n], dtype=torch.int32))
-    step1 = ops.causal_conv1d_update_cpu(x[:, n][None], states, weight, bias, "silu", conv_state_indices=idx)
-    step2 = ops.causal_conv1d_update_cpu(x[:, n + 1][None], states, weight, bias, "silu", conv_state_indices=idx)
+    step1 = conv.causal_conv1d_update_cpu(x[:, n][None], states, weight, bias, "silu", conv_state_indices=idx)
+    step2 = conv.causal_conv1d_update_cpu(x[:, n + 1][None], states, weight, bias, "silu", conv_state_indices=idx)
     torch.testing.assert_close(torch.cat([part, step1.T, step2.T], dim=1), whole, rtol=0, atol=0)
     assert torch.equal(states, whole_states)
 
@@ -408,14 +408,14 @@ def _ref_norm(x, w, z, eps, act, group=None, before=True):
 def test_rms_norm_gated(act: str) -> None:
     torch.manual_seed(11)
     x, z, w = _rand(7, 32), _rand(7, 32), _rand(32)
-    y = ops.rms_norm_gated(x, z, w, None, activation=act, eps=1e-6)
+    y = norm.rms_norm_gated(x, z, w, None, activation=act, eps=1e-6)
     torch.testing.assert_close(y.to(F64), _ref_norm(x, w, z, 1e-6, act), rtol=1e-5, atol=1e-6)
     res = _rand(7, 32)
-    y, pre = ops.rms_norm_gated(x, z, w, None, activation=act, residual=res, prenorm=True, eps=1e-6)
+    y, pre = norm.rms_norm_gated(x, z, w, None, activation=act, residual=res, prenorm=True, eps=1e-6)
     torch.testing.assert_close(pre, x + res)
     torch.testing.assert_close(y.to(F64), _ref_norm(x + res, w, z, 1e-6, act), rtol=1e-5, atol=1e-6)
     xb = x.to(torch.bfloat16)
-    yb = ops.rms_norm_gated(xb, z.to(torch.bfloat16), w.to(torch.bfloat16), None, activation=act, eps=1e-6)
+    yb = norm.rms_norm_gated(xb, z.to(torch.bfloat16), w.to(torch.bfloat16), None, activation=act, eps=1e-6)
     assert yb.dtype == torch.bfloat16
 
 
@@ -423,7 +423,7 @@ def test_rms_norm_gated(act: str) -> None:
 def test_gated_rms_norm_groups_and_gate_order(group, before) -> None:
     torch.manual_seed(12)
     x, z, w = _rand(5, 32), _rand(5, 32), _rand(32)
-    y = ops.gated_rms_norm(x, w, None, z, 1e-5, "swish", group_size=group, norm_before_gate=before)
+    y = norm.gated_rms_norm(x, w, None, z, 1e-5, "swish", group_size=group, norm_before_gate=before)
     torch.testing.assert_close(y.to(F64), _ref_norm(x, w, z, 1e-5, "swish", group, before), rtol=1e-5, atol=1e-6)
 
 
@@ -432,9 +432,9 @@ def test_fused_gate_sigmoid_mul_add() -> None:
     h, w, s, f = _rand(6, 16), _rand(16), _rand(6, 16), _rand(6, 16)
     expect = f.double() + torch.sigmoid(h.double() @ w.double())[:, None] * s.double()
     out = f.clone()
-    ops.fused_gate_sigmoid_mul_add(h, w, s, out)
+    norm.fused_gate_sigmoid_mul_add(h, w, s, out)
     torch.testing.assert_close(out.double(), expect, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(ops.fused_gate_sigmoid_mul(h, w, s).double(), expect - f.double(), rtol=1e-5,
+    torch.testing.assert_close(norm.fused_gate_sigmoid_mul(h, w, s).double(), expect - f.double(), rtol=1e-5,
                                atol=1e-6)
 
 
@@ -474,7 +474,7 @@ def test_sglang_modules_bind_our_ops_on_the_cpu_engine() -> None:
         """
         import sys, torch
         from sglang_radixflow.cpu import boot
-        from sglang_radixflow.cpu.gdn import ops
+        from sglang_radixflow.cpu.gdn import conv, norm, ops
         assert boot.status()["installed"], boot.status()
         import sglang.srt.layers.attention.linear.gdn_backend as be
         import sglang.srt.layers.attention.linear.kernels.gdn_triton as tr
@@ -485,12 +485,12 @@ def test_sglang_modules_bind_our_ops_on_the_cpu_engine() -> None:
         assert boot.standin_active(), boot.status()
         assert tr.chunk_gated_delta_rule is ops.chunk_gated_delta_rule_cpu
         assert tr.fused_sigmoid_gating_delta_rule_update.__module__.startswith("sglang_radixflow")
-        assert be.causal_conv1d_fn is ops.causal_conv1d_fn_cpu
-        assert be.causal_conv1d_update is ops.causal_conv1d_update_cpu
+        assert be.causal_conv1d_fn is conv.causal_conv1d_fn_cpu
+        assert be.causal_conv1d_update is conv.causal_conv1d_update_cpu
         assert be.fused_gdn_gating.__module__.startswith("sglang_radixflow")
         assert fng.rms_norm_gated.__module__.startswith("sglang_radixflow")
         assert lng.layernorm_fn.__module__.startswith("sglang_radixflow")
-        assert q2.fused_gate_sigmoid_mul_add is ops.fused_gate_sigmoid_mul_add
+        assert q2.fused_gate_sigmoid_mul_add is norm.fused_gate_sigmoid_mul_add
         assert q3.Qwen3GatedDeltaNet.__init__.__module__.startswith("sglang_radixflow")
         assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
         print("patched:", len(boot.status()["patched"]))

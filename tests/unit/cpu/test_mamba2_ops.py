@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_radixflow.cpu.mamba2 import conv, ssd, track
+from sglang_radixflow.cpu.mamba2 import conv, decode, ssd, track
 from tests.unit.cpu.fresh import failure_text, run_in_cpu_engine
 
 ATOL = 2e-5
@@ -444,7 +444,7 @@ def test_selective_state_update_single_token(gated: bool) -> None:
     before = pool.clone()
     idx = torch.tensor([9, 2, PAD, 0, 11], dtype=torch.int32)
     out = torch.full((batch, H, P), float("nan"))
-    ssd.selective_state_update(
+    decode.selective_state_update(
         pool, inp["x"][:, 0], inp["dt"][:, 0], inp["A"], inp["B"][:, 0], inp["C"][:, 0], inp["D"],
         z=inp["z"][:, 0] if gated else None, dt_bias=inp["dt_bias"], dt_softplus=True,
         state_batch_indices=idx, out=out,
@@ -475,7 +475,7 @@ def test_selective_state_update_verify_buffers_and_tree() -> None:
     out = torch.empty(batch, T, H, P)
     common = dict(D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True, state_batch_indices=idx, out=out)
     # linear verify: state kept as is, every step cached
-    ssd.selective_state_update(
+    decode.selective_state_update(
         pool, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], disable_state_update=True,
         intermediate_states_buffer=buf, cache_steps=T, intermediate_state_indices=inter_idx, **common
     )
@@ -489,7 +489,7 @@ def test_selective_state_update_verify_buffers_and_tree() -> None:
     # tree verify: token t continues from its parent's cached state
     parents = torch.tensor([[0, 0, 0, 2], [0, 0, 1, 1]])
     buf.zero_()
-    ssd.selective_state_update(
+    decode.selective_state_update(
         pool, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], disable_state_update=True,
         intermediate_states_buffer=buf, cache_steps=T, intermediate_state_indices=inter_idx,
         retrieve_parent_token=parents, **common
@@ -508,11 +508,11 @@ def test_selective_state_update_verify_buffers_and_tree() -> None:
     seq_pool = before.clone()
     pool2 = before.clone()
     out2 = torch.empty(batch, T, H, P)
-    ssd.selective_state_update(pool2, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
+    decode.selective_state_update(pool2, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], D=inp["D"],
                                dt_bias=inp["dt_bias"], dt_softplus=True, state_batch_indices=idx, out=out2)
     for t in range(T):
         o = torch.empty(batch, H, P)
-        ssd.selective_state_update(seq_pool, inp["x"][:, t], inp["dt"][:, t], inp["A"], inp["B"][:, t],
+        decode.selective_state_update(seq_pool, inp["x"][:, t], inp["dt"][:, t], inp["A"], inp["B"][:, t],
                                    inp["C"][:, t], D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
                                    state_batch_indices=idx, out=o)
         close(out2[:, t], o)
@@ -564,7 +564,7 @@ def test_mixer_ops_prefill_pieces_then_decode_equal_one_prefill() -> None:
         xc = conv.causal_conv1d_update(xBC[t : t + 1], conv_b, w, wb, "silu", conv_state_indices=torch.tensor([1]))
         xs, Bm, Cm = torch.split(xc, [H * P, G * N, G * N], dim=-1)
         o = torch.empty(1, H, P)
-        ssd.selective_state_update(
+        decode.selective_state_update(
             ssm_b, xs.view(1, H, P), dt[t : t + 1, :, None].expand(1, H, P), A[:, None, None].expand(H, P, N),
             Bm.view(1, G, N), Cm.view(1, G, N), D[:, None].expand(H, P), dt_bias=dt_bias[:, None].expand(H, P),
             dt_softplus=True, state_batch_indices=torch.tensor([1]), out=o,
@@ -583,14 +583,14 @@ def test_patch_binds_ops_into_sglang_mamba_module() -> None:
     code = (
         "import sglang.srt.layers.attention.mamba.mamba as m\n"
         "from sglang_radixflow.cpu import boot\n"
-        "from sglang_radixflow.cpu.mamba2 import conv, ssd\n"
+        "from sglang_radixflow.cpu.mamba2 import conv, decode, ssd\n"
         "assert boot.status()['standin_active'], boot.status()\n"
         "assert m.causal_conv1d_fn is conv.causal_conv1d_fn\n"
         "assert m.causal_conv1d_update is conv.causal_conv1d_update\n"
         "assert m.causal_conv1d_fn_triton is conv.causal_conv1d_fn_triton_order\n"
         "assert m.causal_conv1d_update_triton is conv.causal_conv1d_update\n"
         "assert m.mamba_chunk_scan_combined is ssd.mamba_chunk_scan_combined\n"
-        "assert m.selective_state_update is ssd.selective_state_update\n"
+        "assert m.selective_state_update is decode.selective_state_update\n"
         "assert any('patch_mamba_mixer2' in p for p in boot.status()['patched'])\n"
         "print('BOUND')\n"
     )
