@@ -1,7 +1,7 @@
 """Gated delta net (Qwen3-Next / Qwen3.5) ops. See cpu/kv/__init__.py for the table format.
 
-- ops.py: torch implementations (chunked gated delta rule, recurrent decode update, gating, causal conv1d,
-  gated RMSNorm, shared-expert sigmoid gate).
+- ops.py, conv.py, norm.py: torch implementations (ops: chunked gated delta rule, recurrent decode update, gating;
+  conv: causal conv1d; norm: gated RMSNorm, shared-expert sigmoid gate).
 - bind.py: the `sgl_kernel.mamba` names below; importing it registers torch.ops.sgl_kernel.fused_gdn_gating_cpu
   and fused_sigmoid_gating_delta_rule_update_cpu, which gdn_backend.py / gdn_triton.py read at import time.
 - patches.py: post-import patches for the Triton/CUDA-only call sites on the Qwen3-Next path.

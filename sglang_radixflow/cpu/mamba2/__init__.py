@@ -1,4 +1,5 @@
-"""Mamba-2 (NemotronH) ops: causal conv1d, SSD chunk scan, selective_state_update. See cpu/kv/__init__.py.
+"""Mamba-2 (NemotronH) ops: causal conv1d (conv.py), SSD chunk scan (ssd.py), selective_state_update (decode.py).
+See cpu/kv/__init__.py.
 
 Nothing goes through sgl_kernel: mamba.py takes these ops from its own imports, so one post-import patch binds them.
 `--mamba-radix-cache-strategy extra_buffer` (SGLang's GPU default, a state snapshot inside an extend) runs too, for
