@@ -48,7 +48,6 @@ class Pass:
 
 
 class SchedulingState:
-    rules: BlockingRules  # the Blocked verdict's rules, set by begin_pass
     def __init__(
         self, config: RadixFlowConfig, mode: PublishMode, cache_chunk: int,
         state_ready_len: Optional[Callable[[Any, Any], int]] = None, trace: Optional[TraceWriter] = None,
@@ -93,12 +92,14 @@ class SchedulingState:
         self.disable_hold(reason)
         self.config = replace(self.config, fragmentation=False)
 
+    @property
+    def rules(self) -> BlockingRules:
+        return BlockingRules(self.config.min_gain_tokens, self.config.max_defer_rounds,
+                             partial=self.mode is PublishMode.KV, page_size=self.page_size)
+
     # ---- pass life cycle (called around Scheduler._get_new_batch_prefill_raw) ----
     def begin_pass(self, round_id: int, waiting: list[Any], row_budget: Optional[int] = None,
                    token_budget: Optional[int] = None) -> None:
-        # Read for every request the pass examines: built once a pass, from the config (which tests replace)
-        self.rules = BlockingRules(self.config.min_gain_tokens, self.config.max_defer_rounds,
-                                   partial=self.mode is PublishMode.KV, page_size=self.page_size)
         self.promises.expire(round_id, self.config.promise_max_age_rounds)
         self.in_flight.forget_before(round_id - 1)
         self.current = Pass(PassStats(round_id=round_id, waiting=len(waiting)), row_budget, token_budget,
